@@ -1,0 +1,91 @@
+// The paged FP8 KV cache: a pool of fixed-size pages shared by every layer, block
+// tables per sequence, reference counts for forks with copy-on-write, and the
+// per-(token, KV head) scale storage of per_token_head mode. Metadata lives on the
+// host; the bytes live in a PageMemory. Thread-safe (one internal mutex).
+//
+// Ordering contract: PrepareWrite may copy pages (copy-on-write); callers invoke it
+// from the thread that launches backend work, right before that work, so the copy
+// is ordered with the kernels (see PageMemory::Copy).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/decode_params.h"
+#include "paged_cache/page_memory.h"
+
+namespace sds {
+
+struct CacheConfig {
+  int32_t num_layers = 1;
+  int32_t num_kv_heads = 8;
+  int32_t head_dim = 128;
+  int32_t page_size = 16;  // power of two
+  int64_t num_pages = 0;   // > 0
+  ScaleMode scale_mode = ScaleMode::kPerTensor;
+  std::vector<float> layer_k_scales;  // [num_layers], per_tensor mode; empty = all 1.0
+  std::vector<float> layer_v_scales;
+};
+
+struct CacheStats {
+  int64_t pages_total = 0;
+  int64_t pages_used = 0;
+  int64_t pages_free = 0;
+  int64_t sequences = 0;
+  int64_t tokens = 0;  // sum over sequences of the longest written layer
+};
+
+class PagedKvCache {
+ public:
+  // Bytes one page costs across all layers, K, V and scales.
+  static int64_t BytesPerPage(const CacheConfig& config);
+  // Validates the config (INVALID_ARGUMENT with the reason) and allocates the pool.
+  static absl::StatusOr<std::unique_ptr<PagedKvCache>> Create(const CacheConfig& config,
+                                                              std::unique_ptr<PageMemory> memory);
+  ~PagedKvCache();
+
+  // ALREADY_EXISTS if `id` is taken; RESOURCE_EXHAUSTED if the reservation
+  // (ceil(reserve_tokens / page_size) pages, allocated now) does not fit.
+  absl::Status CreateSequence(const std::string& id, int64_t reserve_tokens);
+  // Shares every page of `src` with `dst` (reference counts); NOT_FOUND, ALREADY_EXISTS.
+  absl::Status ForkSequence(const std::string& src, const std::string& dst);
+  // Frees the sequence's pages at once (shared pages lose one reference). NOT_FOUND.
+  // Returns the number of pages that went back to the free list.
+  absl::StatusOr<int64_t> ReleaseSequence(const std::string& id);
+
+  // Makes positions [start, start + n) of `layer` writable and returns their slots
+  // (page_id * page_size + offset) in `slots` (resized to n). Allocates pages that
+  // do not exist yet and copies shared pages before they are written (copy-on-write).
+  // NOT_FOUND (sequence), INVALID_ARGUMENT (layer, n, start < 0),
+  // FAILED_PRECONDITION (start > written length of the layer: a gap),
+  // RESOURCE_EXHAUSTED ("needs X pages, Y free"). On error nothing changed.
+  absl::Status PrepareWrite(const std::string& id, int32_t layer, int64_t start, int64_t n,
+                            std::vector<int64_t>* slots);
+  // Records that positions [start, start + n) of `layer` now hold data:
+  // length(layer) = max(length(layer), start + n).
+  absl::Status CommitWrite(const std::string& id, int32_t layer, int64_t start, int64_t n);
+
+  // Appends the sequence's page ids (logical page order) to `pages`.
+  absl::Status AppendPageTable(const std::string& id, std::vector<int32_t>* pages) const;
+  // Written length of `layer` (positions 0..length-1 hold data). NOT_FOUND, INVALID_ARGUMENT.
+  absl::StatusOr<int64_t> Length(const std::string& id, int32_t layer) const;
+  bool Contains(const std::string& id) const;
+
+  CacheStats Stats() const;
+  const CacheConfig& config() const;
+  // Pointers into the PageMemory; layer scale pointers refer to host copies owned by
+  // the cache (a device backend uploads its own).
+  CacheView view() const;
+  PageMemory& memory();
+
+ private:
+  PagedKvCache() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sds

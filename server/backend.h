@@ -1,0 +1,59 @@
+// The one interface between the server and the attention maths. The server fills
+// host staging buffers (allocated through AllocateStaging, so the CUDA backend can
+// pin them) and calls Run from a single executor thread; Run returns when every
+// output is in host memory. Implementations: cpu_backend (kernels/cpu_*) and
+// cuda_backend (kernels/cuda/*).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/decode_params.h"
+#include "paged_cache/paged_kv_cache.h"
+
+namespace sds {
+
+struct BackendConfig {
+  CacheConfig cache;  // num_pages already resolved
+  int32_t num_q_heads = 32;
+  int32_t max_batch_size = 256;
+  int32_t max_topk = 2048;  // largest K per request (per KV head for [Hkv, K])
+  int32_t cpu_threads = 0;  // 0 = hardware concurrency
+};
+
+// One unit of backend work: first the append (quantise new K/V into the cache),
+// then the attention. Either part may be empty (num_tokens == 0 or num_requests == 0).
+// All pointers are host pointers into staging buffers.
+struct BatchWork {
+  AppendBatch append;
+  DecodeBatch decode;
+};
+
+struct BatchTiming {
+  int64_t compute_us = 0;  // device time on CUDA (events), wall time on CPU
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu" | "cuda"
+  virtual PagedKvCache& cache() = 0;
+  // Host memory for staging (pinned on CUDA). Freed with FreeStaging.
+  virtual void* AllocateStaging(size_t bytes) = 0;
+  virtual void FreeStaging(void* ptr) = 0;
+  // Runs the work synchronously. Errors are INTERNAL (a bug or a device fault).
+  virtual absl::Status Run(const BatchWork& work, BatchTiming* timing) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& config);
+// Defined only when built with CUDA (SDS_HAVE_CUDA). UNAVAILABLE without a GPU.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& config);
+// True when built with CUDA and a usable GPU is present.
+bool CudaDeviceAvailable();
+
+}  // namespace sds
