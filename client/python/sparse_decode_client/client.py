@@ -1,0 +1,177 @@
+"""DecodeClient: the Sparse Decode Server's API as a model runner likes it."""
+import dataclasses
+import itertools
+import threading
+from typing import Optional
+
+import grpc
+import numpy as np
+
+from ._stubs import pb, pb_grpc
+from .tensors import as_bf16_bits, bf16_bits_to_float32, bf16_tensor, int32_tensor, read_tensor
+
+
+class DecodeError(Exception):
+    """A failed call or request: `code` is a grpc.StatusCode, `message` says why."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_rpc(cls, e):
+        return cls(e.code(), e.details())
+
+    @classmethod
+    def from_int(cls, code, message):
+        by_value = {c.value[0]: c for c in grpc.StatusCode}
+        return cls(by_value.get(int(code), grpc.StatusCode.UNKNOWN), message)
+
+
+@dataclasses.dataclass
+class DecodeResult:
+    request_id: int
+    out_bits: np.ndarray            # [Hq, D] uint16, the raw bf16 bits
+    lse: Optional[np.ndarray]       # [Hq] float32, natural log; None unless asked for
+    batch: dict                     # batch_id, batch_size, queue_us, compute_us
+
+    @property
+    def out(self):
+        """[Hq, D] float32 (exactly the bf16 values)."""
+        return bf16_bits_to_float32(self.out_bits)
+
+
+def _parse_response(resp):
+    if resp.error_code != 0:
+        return DecodeError.from_int(resp.error_code, resp.error_message)
+    out = read_tensor(resp.out)
+    lse = read_tensor(resp.lse) if resp.HasField("lse") and resp.lse.data else None
+    b = resp.batch
+    batch = dict(batch_id=b.batch_id, batch_size=b.batch_size, queue_us=b.queue_us,
+                 compute_us=b.compute_us)
+    return DecodeResult(resp.request_id, out, lse, batch)
+
+
+class DecodeClient:
+    """Connects to a decode server.
+
+    timeout: default deadline in seconds of every call; tenant_id and token are sent as
+    `x-tenant-id` and `authorization: Bearer <token>` metadata when given.
+    """
+
+    def __init__(self, address, timeout=10.0, tenant_id=None, token=None, channel=None):
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        self._channel = channel or grpc.insecure_channel(address, options=opts)
+        self._stub = pb_grpc.DecodeServiceStub(self._channel)
+        self.timeout = timeout
+        self._metadata = []
+        if tenant_id:
+            self._metadata.append(("x-tenant-id", tenant_id))
+        if token:
+            self._metadata.append(("authorization", f"Bearer {token}"))
+        self._info = None
+        self._ids = itertools.count(1)
+        self._ids_lock = threading.Lock()
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request, timeout):
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise DecodeError.from_rpc(e) from None
+
+    def next_request_id(self):
+        with self._ids_lock:
+            return next(self._ids)
+
+    # -- model and sequences ---------------------------------------------------------
+    def model_info(self, timeout=None):
+        self._info = self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        return self._info
+
+    @property
+    def shape(self):
+        """(num_q_heads, num_kv_heads, head_dim), fetched once."""
+        if self._info is None:
+            self.model_info()
+        i = self._info
+        return i.num_q_heads, i.num_kv_heads, i.head_dim
+
+    def create_sequence(self, sequence_id, reserve_tokens=0, timeout=None):
+        req = pb.CreateSequenceRequest(sequence_id=sequence_id, reserve_tokens=reserve_tokens)
+        return self._call(self._stub.CreateSequence, req, timeout).reserved_pages
+
+    def append_kv(self, sequence_id, layer, start, k, v, timeout=None):
+        """k, v: [n, Hkv, D] (or [Hkv, D] for one token), bf16 bits or float. Returns length."""
+        _, hkv, d = self.shape
+        kb, vb = as_bf16_bits(k, "k"), as_bf16_bits(v, "v")
+        if kb.shape != vb.shape or kb.size % (hkv * d) != 0:
+            raise ValueError(f"k {kb.shape} and v {vb.shape} must both be [n, {hkv}, {d}]")
+        n = kb.size // (hkv * d)
+        req = pb.AppendKVRequest(sequence_id=sequence_id, layer=layer, start_position=start,
+                                 k=bf16_tensor(kb, (n, hkv, d)), v=bf16_tensor(vb, (n, hkv, d)))
+        return self._call(self._stub.AppendKV, req, timeout).length
+
+    def fork_sequence(self, sequence_id, new_sequence_id, timeout=None):
+        req = pb.ForkSequenceRequest(sequence_id=sequence_id, new_sequence_id=new_sequence_id)
+        self._call(self._stub.ForkSequence, req, timeout)
+
+    def release_sequence(self, sequence_id, timeout=None):
+        req = pb.ReleaseSequenceRequest(sequence_id=sequence_id)
+        return self._call(self._stub.ReleaseSequence, req, timeout).freed_pages
+
+    # -- decode ----------------------------------------------------------------------
+    def make_request(self, sequence_id, layer, position, q, k, v, gate, indices,
+                     return_lse=False, request_id=0):
+        """Builds a DecodeRequest. q, gate: [Hq, D]; k, v: [Hkv, D]; indices: [K] or [Hkv, K]."""
+        hq, hkv, d = self.shape
+        arrays = {"q": (q, (hq, d)), "gate": (gate, (hq, d)), "k": (k, (hkv, d)),
+                  "v": (v, (hkv, d))}
+        tensors = {}
+        for name, (a, shape) in arrays.items():
+            bits = as_bf16_bits(a, name)
+            if bits.size != shape[0] * shape[1]:
+                raise ValueError(f"{name} has {bits.size} elements, the model needs {shape}")
+            tensors[name] = bf16_tensor(bits, shape)
+        return pb.DecodeRequest(sequence_id=sequence_id, layer=layer, position=position,
+                                indices=int32_tensor(indices), return_lse=return_lse,
+                                request_id=request_id, **tensors)
+
+    def decode(self, sequence_id, layer, position, q, k, v, gate, indices, return_lse=False,
+               request_id=0, timeout=None):
+        """One token, one layer. Returns DecodeResult; raises DecodeError."""
+        req = self.make_request(sequence_id, layer, position, q, k, v, gate, indices,
+                                return_lse, request_id)
+        res = _parse_response(self._call(self._stub.Decode, req, timeout))
+        if isinstance(res, DecodeError):
+            raise res
+        return res
+
+    def decode_batch(self, requests, timeout=None, raise_on_error=False):
+        """requests: DecodeRequest protos or dicts of decode()'s arguments.
+
+        Returns a list in the same order of DecodeResult, or DecodeError for a request
+        that failed alone (raised instead when raise_on_error).
+        """
+        reqs = [r if isinstance(r, pb.DecodeRequest) else self.make_request(**r) for r in requests]
+        resp = self._call(self._stub.DecodeBatch, pb.DecodeBatchRequest(requests=reqs), timeout)
+        results = [_parse_response(r) for r in resp.responses]
+        if raise_on_error:
+            for r in results:
+                if isinstance(r, DecodeError):
+                    raise r
+        return results
+
+    def stream(self, timeout=None):
+        """Opens a DecodeStream (see DecodeStream); `timeout` bounds its whole life."""
+        from .stream import DecodeStream
+        return DecodeStream(self, timeout)
