@@ -8,11 +8,17 @@ hidden state (random projections here), picks the top-K positions with a toy
 indexer, and sends everything over one DecodeStream kept open for the whole loop.
 """
 import argparse
+import os
+import sys
 import uuid
 
 import numpy as np
 
-from sparse_decode_client import DecodeClient
+try:
+    from sparse_decode_client import DecodeClient
+except ImportError:  # run from a source checkout without installing
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from sparse_decode_client import DecodeClient
 
 
 def main():

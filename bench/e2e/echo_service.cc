@@ -1,0 +1,120 @@
+#include "bench/e2e/echo_service.h"
+
+namespace sds::bench {
+namespace {
+
+grpc::ServerUnaryReactor* Ok(grpc::CallbackServerContext* ctx) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+// Reads requests and writes one response each, in order, one write in flight.
+class EchoStream final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+ public:
+  explicit EchoStream(EchoService* service) : service_(service) { StartRead(&req_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    resp_.Clear();
+    service_->Answer(req_, 1, service_->NextBatchId(), &resp_);
+    StartWrite(&resp_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+      return;
+    }
+    StartRead(&req_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  EchoService* service_;
+  v1::DecodeRequest req_;
+  v1::DecodeResponse resp_;
+};
+
+}  // namespace
+
+EchoService::EchoService(v1::ModelInfo info) : info_(std::move(info)) {
+  zero_out_.assign(size_t{2} * info_.num_q_heads() * info_.head_dim(), '\0');
+  zero_lse_.assign(size_t{4} * info_.num_q_heads(), '\0');
+}
+
+void EchoService::Answer(const v1::DecodeRequest& req, int32_t batch_size, uint64_t batch_id,
+                         v1::DecodeResponse* resp) const {
+  resp->set_request_id(req.request_id());
+  auto* out = resp->mutable_out();
+  out->set_dtype(v1::BF16);
+  out->add_shape(info_.num_q_heads());
+  out->add_shape(info_.head_dim());
+  out->set_data(zero_out_);
+  if (req.return_lse()) {
+    auto* lse = resp->mutable_lse();
+    lse->set_dtype(v1::FP32);
+    lse->add_shape(info_.num_q_heads());
+    lse->set_data(zero_lse_);
+  }
+  auto* b = resp->mutable_batch();
+  b->set_batch_id(batch_id);
+  b->set_batch_size(batch_size);
+}
+
+grpc::ServerUnaryReactor* EchoService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                    const v1::GetModelInfoRequest*,
+                                                    v1::ModelInfo* resp) {
+  *resp = info_;
+  return Ok(ctx);
+}
+
+grpc::ServerUnaryReactor* EchoService::CreateSequence(grpc::CallbackServerContext* ctx,
+                                                      const v1::CreateSequenceRequest*,
+                                                      v1::CreateSequenceResponse*) {
+  return Ok(ctx);
+}
+
+grpc::ServerUnaryReactor* EchoService::AppendKV(grpc::CallbackServerContext* ctx,
+                                                const v1::AppendKVRequest* req,
+                                                v1::AppendKVResponse* resp) {
+  const int64_t n = req->k().shape_size() > 0 ? req->k().shape(0) : 0;
+  resp->set_length(req->start_position() + n);
+  return Ok(ctx);
+}
+
+grpc::ServerUnaryReactor* EchoService::Decode(grpc::CallbackServerContext* ctx,
+                                              const v1::DecodeRequest* req,
+                                              v1::DecodeResponse* resp) {
+  Answer(*req, 1, NextBatchId(), resp);
+  return Ok(ctx);
+}
+
+grpc::ServerUnaryReactor* EchoService::DecodeBatch(grpc::CallbackServerContext* ctx,
+                                                   const v1::DecodeBatchRequest* req,
+                                                   v1::DecodeBatchResponse* resp) {
+  const uint64_t id = NextBatchId();
+  for (const auto& r : req->requests()) Answer(r, req->requests_size(), id, resp->add_responses());
+  return Ok(ctx);
+}
+
+grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* EchoService::DecodeStream(
+    grpc::CallbackServerContext*) {
+  return new EchoStream(this);
+}
+
+grpc::ServerUnaryReactor* EchoService::ForkSequence(grpc::CallbackServerContext* ctx,
+                                                    const v1::ForkSequenceRequest*,
+                                                    v1::ForkSequenceResponse*) {
+  return Ok(ctx);
+}
+
+grpc::ServerUnaryReactor* EchoService::ReleaseSequence(grpc::CallbackServerContext* ctx,
+                                                       const v1::ReleaseSequenceRequest*,
+                                                       v1::ReleaseSequenceResponse*) {
+  return Ok(ctx);
+}
+
+}  // namespace sds::bench
