@@ -1,0 +1,60 @@
+// Internal to the CPU attention: one (request, KV head) work item, and the kernels
+// that compute it. Not part of the public interface.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/fp8.h"
+
+namespace sds::cpu_internal {
+
+// Everything one work item needs; all pointers are host pointers.
+struct DecodeItem {
+  int group = 0;     // G query heads served by this KV head
+  int head_dim = 0;  // D
+  int num_rows = 0;  // N valid (non-negative) indices, duplicates included, N >= 1
+  float inv_sqrt_d = 0.0f;
+  // k_layer, v_layer: the layer's [num_pages * page_size * Hkv, D] FP8 rows.
+  const uint8_t* k_layer = nullptr;
+  const uint8_t* v_layer = nullptr;
+  const int64_t* rows = nullptr;   // [N] row = slot * Hkv + kv_head, in index order
+  const float* k_scale = nullptr;  // [N] dequantisation scale of each K row
+  const float* v_scale = nullptr;  // [N] dequantisation scale of each V row
+  const uint16_t* q = nullptr;     // [G, D] bf16 (the group's query heads)
+  const uint16_t* gate = nullptr;  // [G, D] bf16
+  uint16_t* out = nullptr;         // [G, D] bf16
+  float* lse = nullptr;            // [G] or nullptr
+  // Scratch owned by the calling thread.
+  float* scores = nullptr;      // [G, N rounded up to 8]
+  float* q_f32 = nullptr;       // [G, D]
+  float* acc = nullptr;         // [G, D]
+  float* row_buffer = nullptr;  // [8, D] dequantised rows
+};
+
+void DecodeItemPortable(const DecodeItem& item);
+void DecodeItemAvx2(const DecodeItem& item);  // needs D % 16 == 0 and AVX2/FMA/F16C
+
+// exp(x) for x <= 0 (inputs below -87 give ~1e-38), within ~2 float ulps. Scalar
+// companion of the vector version in the AVX2 kernel.
+inline float ExpNonPositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  float r = x - n * 0.693359375f;  // exact product: n has <= 7 bits
+  r = r - n * -2.12194440e-4f;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  const float exp_r = poly * r * r + r + 1.0f;
+  return exp_r * BitsToFloat(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+}
+
+// 1 / (1 + exp(-x)) without overflow.
+inline float Sigmoid(float x) {
+  const float e = ExpNonPositive(x >= 0.0f ? -x : x);  // exp(-|x|)
+  return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+
+}  // namespace sds::cpu_internal
