@@ -16,6 +16,7 @@ std::unique_ptr<DecodeClient> DecodeClient::Connect(const std::string& address,
   // Tensors for large batches exceed the 4 MiB default.
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  if (options.dedicated_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   return std::make_unique<DecodeClient>(std::move(channel), std::move(options));
 }

@@ -32,6 +32,9 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{5000};
   std::string tenant_id;     // sent as "x-tenant-id" when not empty
   std::string bearer_token;  // sent as "authorization: Bearer <token>" when not empty
+  // Connect(): open a TCP connection of this channel's own instead of sharing one
+  // with other channels to the same address (load generators want several).
+  bool dedicated_connection = false;
 };
 
 // Per-call overrides.

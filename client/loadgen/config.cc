@@ -1,0 +1,87 @@
+#include "client/loadgen/config.h"
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "decode server host:port");
+ABSL_FLAG(std::string, mode, "unary", "unary | batch | stream");
+ABSL_FLAG(int32_t, concurrency, 1,
+          "closed loop: concurrent callers; open loop: most calls in flight");
+ABSL_FLAG(double, rate, 0, "open loop: Poisson arrivals per second (calls); 0 = closed loop");
+ABSL_FLAG(double, duration_s, 10, "measured seconds, after the warm-up");
+ABSL_FLAG(int64_t, requests, 0, "stop after this many calls (0 = by --duration_s)");
+ABSL_FLAG(double, warmup_s, 1, "seconds at the start excluded from the statistics");
+ABSL_FLAG(int32_t, channels, 1, "gRPC channels (TCP connections), shared round-robin");
+ABSL_FLAG(int32_t, batch_size, 64, "requests per DecodeBatch call (--mode=batch)");
+ABSL_FLAG(int32_t, prefill_len, 1024, "tokens prefilled per sequence and layer");
+ABSL_FLAG(int32_t, prefill_chunk, 256, "tokens per AppendKV call");
+ABSL_FLAG(int32_t, max_new_tokens, 256,
+          "decoded tokens per sequence before positions wrap back (rewriting same data)");
+ABSL_FLAG(int32_t, topk, 512, "indices per request, drawn from the sequence's prefix");
+ABSL_FLAG(bool, per_head_indices, false, "send [Hkv, K] indices instead of [K]");
+ABSL_FLAG(bool, return_lse, false, "ask for lse");
+ABSL_FLAG(int32_t, timeout_ms, 2000, "deadline of every call");
+ABSL_FLAG(double, stall_s, 5, "abort when nothing succeeded this long and errors were seen");
+ABSL_FLAG(uint64_t, seed, 1, "random seed");
+ABSL_FLAG(std::string, tenant_id, "", "x-tenant-id metadata");
+ABSL_FLAG(std::string, token, "", "bearer token (authorization metadata)");
+ABSL_FLAG(std::string, label, "", "free text copied into the JSON");
+ABSL_FLAG(std::string, json_out, "", "write the summary as JSON here");
+ABSL_FLAG(std::string, plot_prefix, "",
+          "write <prefix>_latency_time.png and <prefix>_latency_dist.png (gnuplot)");
+ABSL_FLAG(bool, release, true, "release the sequences at the end");
+
+namespace sds::loadgen {
+
+absl::StatusOr<Config> ConfigFromFlags() {
+  Config c;
+  c.target = absl::GetFlag(FLAGS_target);
+  c.mode_name = absl::GetFlag(FLAGS_mode);
+  if (c.mode_name == "unary") {
+    c.mode = Mode::kUnary;
+  } else if (c.mode_name == "batch") {
+    c.mode = Mode::kBatch;
+  } else if (c.mode_name == "stream") {
+    c.mode = Mode::kStream;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode=", c.mode_name, ": use unary, batch or stream"));
+  }
+  c.concurrency = absl::GetFlag(FLAGS_concurrency);
+  c.rate = absl::GetFlag(FLAGS_rate);
+  c.duration_s = absl::GetFlag(FLAGS_duration_s);
+  c.requests = absl::GetFlag(FLAGS_requests);
+  c.warmup_s = absl::GetFlag(FLAGS_warmup_s);
+  c.channels = absl::GetFlag(FLAGS_channels);
+  c.batch_size = c.mode == Mode::kBatch ? absl::GetFlag(FLAGS_batch_size) : 1;
+  c.prefill_len = absl::GetFlag(FLAGS_prefill_len);
+  c.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  c.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  c.topk = absl::GetFlag(FLAGS_topk);
+  c.per_head_indices = absl::GetFlag(FLAGS_per_head_indices);
+  c.return_lse = absl::GetFlag(FLAGS_return_lse);
+  c.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  c.stall_s = absl::GetFlag(FLAGS_stall_s);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  c.tenant_id = absl::GetFlag(FLAGS_tenant_id);
+  c.token = absl::GetFlag(FLAGS_token);
+  c.label = absl::GetFlag(FLAGS_label);
+  c.json_out = absl::GetFlag(FLAGS_json_out);
+  c.plot_prefix = absl::GetFlag(FLAGS_plot_prefix);
+  c.release = absl::GetFlag(FLAGS_release);
+  if (c.concurrency < 1 || c.channels < 1 || c.batch_size < 1 || c.topk < 1 || c.prefill_len < 1 ||
+      c.prefill_chunk < 1 || c.max_new_tokens < 1 || c.timeout_ms < 1) {
+    return absl::InvalidArgumentError(
+        "--concurrency, --channels, --batch_size, --topk, --prefill_len, --prefill_chunk, "
+        "--max_new_tokens and --timeout_ms must be >= 1");
+  }
+  if (c.rate < 0 || c.duration_s < 0 || c.warmup_s < 0 || c.requests < 0) {
+    return absl::InvalidArgumentError("--rate, --duration_s, --warmup_s, --requests must be >= 0");
+  }
+  if (c.duration_s == 0 && c.requests == 0) {
+    return absl::InvalidArgumentError("set --duration_s or --requests");
+  }
+  return c;
+}
+
+}  // namespace sds::loadgen

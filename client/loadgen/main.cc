@@ -1,0 +1,115 @@
+// decode_loadgen: load generator for the Sparse Decode Server. See --help.
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "client/decode_client.h"
+#include "client/loadgen/config.h"
+#include "client/loadgen/report.h"
+#include "client/loadgen/runner.h"
+#include "client/loadgen/workload.h"
+
+namespace {
+
+using sds::client::DecodeClient;
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads; returns the first error.
+absl::Status ParallelFor(int n, int threads, const std::function<absl::Status(int)>& fn) {
+  std::atomic<int> next{0};
+  std::mutex mu;
+  absl::Status first;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < std::min(n, threads); ++t) {
+    pool.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < n;) {
+        absl::Status st = fn(i);
+        if (!st.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (first.ok()) first = st;
+          next = n;  // stop handing out work
+        }
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  return first;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Load generator for the Sparse Decode Server: prefills sequences, then decodes "
+      "(unary, batch or stream) in a closed or open loop and reports throughput and latency.");
+  absl::ParseCommandLine(argc, argv);
+  auto config = sds::loadgen::ConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "decode_loadgen: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  const sds::loadgen::Config& c = *config;
+
+  std::vector<std::unique_ptr<DecodeClient>> clients;
+  for (int i = 0; i < c.channels; ++i) {
+    sds::client::ClientOptions opts;
+    opts.timeout = std::chrono::milliseconds(c.timeout_ms);
+    opts.tenant_id = c.tenant_id;
+    opts.bearer_token = c.token;
+    opts.dedicated_connection = c.channels > 1;
+    clients.push_back(DecodeClient::Connect(c.target, opts));
+  }
+  // Wait a little for a server that is still starting.
+  auto info = clients[0]->GetModelInfo({std::chrono::milliseconds(10000), true});
+  if (!info.ok()) {
+    std::fprintf(stderr, "decode_loadgen: GetModelInfo on %s failed: %s\n", c.target.c_str(),
+                 info.status().ToString().c_str());
+    return 2;
+  }
+  const sds::client::Shape shape{info->num_q_heads(), info->num_kv_heads(), info->head_dim()};
+  for (auto& cl : clients) cl->SetShape(shape);
+  sds::loadgen::Workload workload(c, shape, info->num_layers());
+
+  const int nseq = c.NumSequences();
+  std::fprintf(stderr, "decode_loadgen: prefilling %d sequences x %d layers x %d tokens\n", nseq,
+               info->num_layers(), c.prefill_len);
+  absl::Status st = ParallelFor(
+      nseq, 4, [&](int s) { return workload.Prefill(*clients[s % clients.size()], s); });
+  if (!st.ok()) {
+    std::fprintf(stderr, "decode_loadgen: prefill failed: %s\n", st.ToString().c_str());
+    return 2;
+  }
+
+  sds::loadgen::Runner runner(c, clients, workload);
+  sds::loadgen::RunResult result = runner.Run();
+  sds::loadgen::Summary summary = sds::loadgen::Summarize(result);
+  sds::loadgen::PrintTable(c, *info, result, summary);
+
+  if (!c.json_out.empty()) {
+    st = sds::loadgen::WriteJson(c.json_out, c, *info, result, summary);
+    if (!st.ok()) std::fprintf(stderr, "decode_loadgen: %s\n", st.ToString().c_str());
+  }
+  if (!c.plot_prefix.empty()) {
+    st = sds::loadgen::WritePlots(c.plot_prefix, c, result);
+    if (!st.ok()) std::fprintf(stderr, "decode_loadgen: plots: %s\n", st.ToString().c_str());
+  }
+  if (c.release && !result.aborted) {
+    ParallelFor(nseq, 8, [&](int s) {
+      clients[s % clients.size()]
+          ->ReleaseSequence(workload.SequenceId(s), {std::chrono::milliseconds(1000), false})
+          .IgnoreError();
+      return absl::OkStatus();
+    }).IgnoreError();
+  }
+  if (result.stats.calls.empty()) {
+    std::fprintf(stderr, "decode_loadgen: FAILED: no call completed in the measured window\n");
+    return 1;
+  }
+  if (summary.errors_total > 0 || result.aborted) {
+    std::fprintf(stderr, "decode_loadgen: FAILED: %lld errors%s\n", (long long)summary.errors_total,
+                 result.aborted ? " (aborted)" : "");
+    return 1;
+  }
+  return 0;
+}
