@@ -1,0 +1,264 @@
+#include "server/batcher.h"
+
+#include <exception>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "spdlog/spdlog.h"
+
+namespace sds::server {
+namespace {
+
+absl::Status Expired() {
+  return absl::DeadlineExceededError(
+      "deadline passed while the request waited in the queue; it was not run");
+}
+
+absl::Status Stopped() {
+  return absl::UnavailableError("server is draining: the request was not run");
+}
+
+void FailEntry(std::variant<DecodeWork, AppendWork, ControlWork>& entry,
+               const absl::Status& status) {
+  if (auto* d = std::get_if<DecodeWork>(&entry)) d->done(status);
+  if (auto* a = std::get_if<AppendWork>(&entry)) a->done(status);
+  if (auto* c = std::get_if<ControlWork>(&entry)) c->fail(status);
+}
+
+}  // namespace
+
+Batcher::Batcher(const BatcherOptions& options, Executor* executor,
+                 std::vector<std::unique_ptr<StagingBuffer>> staging)
+    : options_(options), executor_(executor), staging_(std::move(staging)) {
+  for (int i = 0; i < static_cast<int>(staging_.size()); ++i) free_buffers_.push_back(i);
+}
+
+Batcher::~Batcher() { Stop(); }
+
+void Batcher::Start() {
+  started_ = true;
+  assembler_ = std::thread([this] { AssemblerLoop(); });
+  executor_thread_ = std::thread([this] { ExecutorLoop(); });
+}
+
+absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (stopping_) return absl::UnavailableError("server is draining");
+    if (counts_toward_depth && limited_in_queue_ >= options_.max_queue_depth) {
+      return absl::ResourceExhaustedError(absl::StrCat("decode queue full: ", limited_in_queue_,
+                                                       " requests waiting; retry with backoff"));
+    }
+    if (counts_toward_depth) ++limited_in_queue_;
+    queue_.push_back(std::move(entry));
+  }
+  {
+    std::lock_guard<std::mutex> lock(outstanding_mu_);
+    ++outstanding_;
+  }
+  queue_cv_.notify_one();
+  return absl::OkStatus();
+}
+
+absl::Status Batcher::SubmitDecode(DecodeWork work) {
+  work.enqueued = Clock::now();
+  return Enqueue(std::move(work), true);
+}
+
+absl::Status Batcher::SubmitAppend(AppendWork work) {
+  work.enqueued = Clock::now();
+  return Enqueue(std::move(work), true);
+}
+
+absl::Status Batcher::SubmitControl(ControlWork work) { return Enqueue(std::move(work), false); }
+
+int64_t Batcher::queue_depth() const {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+void Batcher::Completed(int64_t items) {
+  if (items == 0) return;
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(outstanding_mu_);
+    outstanding_ -= items;
+    idle = outstanding_ == 0;
+  }
+  if (idle) outstanding_cv_.notify_all();
+}
+
+bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
+                       std::vector<DecodeWork>* expired) {
+  enum Action : char { kKeep, kTake, kExpire };
+  // Bound the scan so that a long run of same-(sequence, layer) requests cannot make
+  // the critical section long.
+  const size_t scan_limit = static_cast<size_t>(options_.max_batch_size) * 8;
+  std::vector<Action> actions;
+  absl::flat_hash_set<std::pair<absl::string_view, int32_t>> seen;
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  while (true) {
+    if (queue_.empty()) {
+      if (stopping_) return false;
+      queue_cv_.wait(lock);
+      continue;
+    }
+    if (!std::holds_alternative<DecodeWork>(queue_.front())) {
+      if (std::holds_alternative<AppendWork>(queue_.front())) --limited_in_queue_;
+      *single = std::make_unique<Entry>(std::move(queue_.front()));
+      queue_.pop_front();
+      return true;
+    }
+    const Clock::time_point now = Clock::now();
+    actions.clear();
+    seen.clear();
+    size_t eligible = 0, expiring = 0;
+    bool blocked = false;  // a non-decode entry ends the scan: it keeps its place
+    Clock::time_point oldest = Clock::time_point::max();
+    const size_t window = std::min(queue_.size(), scan_limit);
+    for (size_t i = 0; i < window && eligible < static_cast<size_t>(options_.max_batch_size); ++i) {
+      const DecodeWork* d = std::get_if<DecodeWork>(&queue_[i]);
+      if (d == nullptr) {
+        blocked = true;
+        break;
+      }
+      if (now > d->deadline) {
+        actions.push_back(kExpire);
+        ++expiring;
+      } else if (seen.emplace(d->key, d->request->layer()).second) {
+        actions.push_back(kTake);
+        ++eligible;
+        oldest = std::min(oldest, d->enqueued);
+      } else {
+        actions.push_back(kKeep);
+      }
+    }
+    const bool close = eligible >= static_cast<size_t>(options_.max_batch_size) || blocked ||
+                       draining_ || stopping_ || actions.size() >= scan_limit ||
+                       (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
+                       (eligible == 0 && expiring > 0);
+    if (!close) {
+      queue_cv_.wait_until(lock, oldest + options_.max_queue_delay);
+      continue;
+    }
+    std::vector<Entry> kept;
+    for (size_t i = 0; i < actions.size(); ++i) {
+      DecodeWork& d = std::get<DecodeWork>(queue_[i]);
+      if (actions[i] == kTake) decodes->push_back(std::move(d));
+      if (actions[i] == kExpire) expired->push_back(std::move(d));
+      if (actions[i] == kKeep) kept.push_back(std::move(queue_[i]));
+    }
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(actions.size()));
+    queue_.insert(queue_.begin(), std::make_move_iterator(kept.begin()),
+                  std::make_move_iterator(kept.end()));
+    limited_in_queue_ -= static_cast<int64_t>(decodes->size() + expired->size());
+    return true;
+  }
+}
+
+void Batcher::AssemblerLoop() {
+  while (true) {
+    int buffer;
+    {
+      std::unique_lock<std::mutex> lock(pipe_mu_);
+      pipe_cv_.wait(lock, [&] { return !free_buffers_.empty(); });
+      buffer = free_buffers_.back();
+      free_buffers_.pop_back();
+    }
+    std::vector<DecodeWork> decodes, expired;
+    std::unique_ptr<Entry> single;
+    const bool more = TakeWork(&decodes, &single, &expired);
+    for (DecodeWork& d : expired) d.done(Expired());
+    Completed(static_cast<int64_t>(expired.size()));
+
+    Ready ready;
+    if (!decodes.empty()) {
+      // The copy from protobuf bytes into staging runs while the executor computes.
+      for (size_t i = 0; i < decodes.size(); ++i) {
+        staging_[buffer]->FillRow(static_cast<int32_t>(i), *decodes[i].request);
+      }
+      ready.buffer = buffer;
+      ready.decodes = std::move(decodes);
+    } else {
+      ready.single = std::move(single);
+    }
+    {
+      std::lock_guard<std::mutex> lock(pipe_mu_);
+      if (ready.buffer < 0) free_buffers_.push_back(buffer);
+      if (ready.buffer >= 0 || ready.single) ready_.push_back(std::move(ready));
+      if (!more) assembler_done_ = true;
+    }
+    pipe_cv_.notify_all();
+    if (!more) return;
+  }
+}
+
+void Batcher::ExecutorLoop() {
+  while (true) {
+    Ready ready;
+    {
+      std::unique_lock<std::mutex> lock(pipe_mu_);
+      pipe_cv_.wait(lock, [&] { return !ready_.empty() || assembler_done_; });
+      if (ready_.empty()) return;
+      ready = std::move(ready_.front());
+      ready_.pop_front();
+    }
+    int64_t items = 0;
+    try {
+      if (ready.buffer >= 0) {
+        items = static_cast<int64_t>(ready.decodes.size());
+        executor_->RunDecodeBatch(*staging_[ready.buffer], ready.decodes);
+      } else if (auto* append = std::get_if<AppendWork>(ready.single.get())) {
+        items = 1;
+        executor_->RunAppend(*append);
+      } else if (auto* control = std::get_if<ControlWork>(ready.single.get())) {
+        items = 1;
+        control->run();
+      }
+    } catch (const std::exception& e) {
+      // Completion callbacks and the backend do not throw; this is a bug. The items
+      // of this unit may not have been answered, so say so loudly.
+      spdlog::critical("executor: exception escaped a work item: {}", e.what());
+    }
+    if (ready.buffer >= 0) {
+      {
+        std::lock_guard<std::mutex> lock(pipe_mu_);
+        free_buffers_.push_back(ready.buffer);
+      }
+      pipe_cv_.notify_all();
+    }
+    Completed(items);
+  }
+}
+
+bool Batcher::Drain(Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    draining_ = true;
+  }
+  queue_cv_.notify_all();
+  std::unique_lock<std::mutex> lock(outstanding_mu_);
+  return outstanding_cv_.wait_until(lock, deadline, [&] { return outstanding_ == 0; });
+}
+
+void Batcher::Stop() {
+  std::deque<Entry> leftover;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    leftover.swap(queue_);
+    limited_in_queue_ = 0;
+  }
+  queue_cv_.notify_all();
+  for (Entry& entry : leftover) FailEntry(entry, Stopped());
+  Completed(static_cast<int64_t>(leftover.size()));
+  if (started_) {
+    assembler_.join();
+    executor_thread_.join();
+  }
+}
+
+}  // namespace sds::server

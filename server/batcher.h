@@ -1,0 +1,101 @@
+// The dynamic batcher: one queue for every decode (Decode, DecodeBatch items,
+// DecodeStream messages from all connections), prefill and cache-control work.
+//
+// Two threads. The assembler waits for a free staging buffer (two, so one fills while
+// the other runs), then closes a batch when it reaches max_batch_size or when its
+// oldest request has waited max_queue_delay, and copies the request tensors into the
+// staging buffer. The executor runs batches, prefills and control work in queue order.
+// A batch holds at most one decode per (sequence, layer); a second one stays queued
+// for a later batch. Critical sections only move queue entries; condition variables
+// are notified after the lock is released.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/executor.h"
+#include "server/staging.h"
+#include "server/work.h"
+
+namespace sds::server {
+
+struct BatcherOptions {
+  int32_t max_batch_size = 64;
+  std::chrono::microseconds max_queue_delay{500};
+  int32_t max_queue_depth = 4096;  // decode and prefill items waiting
+};
+
+class Batcher {
+ public:
+  // Takes two staging buffers sized for options.max_batch_size.
+  Batcher(const BatcherOptions& options, Executor* executor,
+          std::vector<std::unique_ptr<StagingBuffer>> staging);
+  ~Batcher();  // Stop()
+
+  void Start();
+  // On error (queue full: RESOURCE_EXHAUSTED; stopped: UNAVAILABLE) nothing was
+  // queued and `done` will not be called.
+  absl::Status SubmitDecode(DecodeWork work);
+  absl::Status SubmitAppend(AppendWork work);
+  absl::Status SubmitControl(ControlWork work);  // not limited by max_queue_depth
+
+  // Closes batches without waiting for the queue delay and waits until every
+  // submitted item has completed or `deadline` passed. True when all completed.
+  bool Drain(Clock::time_point deadline);
+  // Joins the threads; items still queued fail with UNAVAILABLE.
+  void Stop();
+
+  int64_t queue_depth() const;
+
+ private:
+  using Entry = std::variant<DecodeWork, AppendWork, ControlWork>;
+  struct Ready {  // what the assembler hands to the executor
+    int buffer = -1;
+    std::vector<DecodeWork> decodes;
+    std::unique_ptr<Entry> single;  // an AppendWork or ControlWork
+  };
+
+  absl::Status Enqueue(Entry entry, bool counts_toward_depth);
+  void AssemblerLoop();
+  void ExecutorLoop();
+  // Waits until a batch may close, then takes it (or one non-decode entry).
+  // False when stopping and the queue is empty.
+  bool TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
+                std::vector<DecodeWork>* expired);
+  void Completed(int64_t items);
+
+  const BatcherOptions options_;
+  Executor* const executor_;
+  std::vector<std::unique_ptr<StagingBuffer>> staging_;
+
+  mutable std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Entry> queue_;
+  int64_t limited_in_queue_ = 0;  // decode + append entries in queue_
+  bool draining_ = false;
+  bool stopping_ = false;
+
+  std::mutex pipe_mu_;
+  std::condition_variable pipe_cv_;
+  std::vector<int> free_buffers_;
+  std::deque<Ready> ready_;
+  bool assembler_done_ = false;
+
+  std::mutex outstanding_mu_;
+  std::condition_variable outstanding_cv_;
+  int64_t outstanding_ = 0;  // submitted, not yet completed
+
+  std::thread assembler_;
+  std::thread executor_thread_;
+  bool started_ = false;
+};
+
+}  // namespace sds::server

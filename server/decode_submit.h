@@ -1,0 +1,33 @@
+// Admission of one decode request: validation, tenancy, existence, then the queue.
+// Shared by Decode, DecodeBatch and DecodeStream.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "paged_cache/paged_kv_cache.h"
+#include "server/batcher.h"
+#include "server/model_shape.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+class DecodeAdmission {
+ public:
+  DecodeAdmission(Batcher* batcher, const PagedKvCache* cache, const ModelShape& model)
+      : batcher_(batcher), cache_(cache), model_(model) {}
+
+  // On error nothing was queued and `done` will not be called. `request` and
+  // `response` must stay alive until `done` has run.
+  absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
+                      sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
+                      std::function<void(const absl::Status&)> done) const;
+
+ private:
+  Batcher* batcher_;
+  const PagedKvCache* cache_;
+  ModelShape model_;
+};
+
+}  // namespace sds::server

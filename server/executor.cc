@@ -1,0 +1,215 @@
+#include "server/executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/rpc_util.h"
+#include "spdlog/spdlog.h"
+
+namespace sds::server {
+namespace {
+
+namespace v1 = sparse_decode::v1;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+int64_t Micros(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+absl::Status DeadlineError() {
+  return absl::DeadlineExceededError(
+      "deadline passed while the request waited in the queue; "
+      "it was not run");
+}
+
+}  // namespace
+
+Executor::Executor(Backend* backend, Metrics* metrics, const ModelShape& model)
+    : backend_(backend),
+      metrics_(metrics),
+      model_(model),
+      page_size_(backend->cache().config().page_size) {}
+
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend* backend, Metrics* metrics,
+                                                           const ModelShape& model) {
+  std::unique_ptr<Executor> ex(new Executor(backend, metrics, model));
+  const int64_t row = static_cast<int64_t>(model.num_kv_heads) * model.head_dim;
+  const size_t kv_bytes = kAppendChunk * row * sizeof(uint16_t);
+  const size_t bytes = 2 * kv_bytes + kAppendChunk * (sizeof(int32_t) + sizeof(int64_t));
+  ex->append_block_ = backend->AllocateStaging(bytes);
+  if (ex->append_block_ == nullptr) {
+    return absl::ResourceExhaustedError("cannot allocate the prefill staging buffer");
+  }
+  char* base = static_cast<char*>(ex->append_block_);
+  ex->append_k_ = reinterpret_cast<uint16_t*>(base);
+  ex->append_v_ = reinterpret_cast<uint16_t*>(base + kv_bytes);
+  ex->append_slot_ = reinterpret_cast<int64_t*>(base + 2 * kv_bytes);
+  ex->append_layer_ = reinterpret_cast<int32_t*>(base + 2 * kv_bytes + kAppendChunk * 8);
+  return ex;
+}
+
+Executor::~Executor() {
+  if (append_block_) backend_->FreeStaging(append_block_);
+}
+
+void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items) {
+  const Clock::time_point start = Clock::now();
+  PagedKvCache& cache = backend_->cache();
+  const int32_t n = static_cast<int32_t>(items.size());
+  std::vector<absl::Status> status(n);
+  std::vector<int32_t> row_of(n, -1);  // staging row after compaction
+
+  // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
+  int32_t rows = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const v1::DecodeRequest& req = *items[i].request;
+    if (start > items[i].deadline) {
+      status[i] = DeadlineError();
+      continue;
+    }
+    status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots_);
+    if (!status[i].ok()) continue;
+    if (rows != i) staging.MoveRow(rows, i);
+    staging.slot()[rows] = slots_[0];
+    row_of[i] = rows++;
+  }
+
+  // 2. Page tables, after every PrepareWrite of the batch (they may move pages).
+  absl::Status batch_error;
+  int64_t table_size = 0;
+  for (int32_t i = 0; i < n && rows > 0; ++i) {
+    if (row_of[i] < 0) continue;
+    pages_.clear();
+    const v1::DecodeRequest& req = *items[i].request;
+    absl::Status s = cache.AppendPageTable(items[i].key, &pages_);
+    const int64_t needed = req.position() / page_size_ + 1;
+    if (s.ok() && static_cast<int64_t>(pages_.size()) < needed) {
+      s = absl::InternalError(absl::StrCat("page table has ", pages_.size(), " pages, position ",
+                                           req.position(), " needs ", needed));
+    }
+    if (s.ok()) s = staging.ReservePageTable(table_size + needed);
+    if (!s.ok()) {
+      // Cannot happen after a successful PrepareWrite on this thread: a bug.
+      spdlog::error("decode batch: page table of '{}' failed: {}", req.sequence_id(), s.ToString());
+      batch_error = absl::InternalError(absl::StrCat("page table lookup failed: ", s.message()));
+      break;
+    }
+    staging.page_table_offset()[row_of[i]] = table_size;
+    std::memcpy(staging.page_table() + table_size, pages_.data(), needed * sizeof(int32_t));
+    table_size += needed;
+  }
+
+  // 3. Run.
+  BatchTiming timing;
+  absl::Status run_status = batch_error;
+  if (rows > 0 && run_status.ok()) {
+    BatchWork work;
+    staging.Describe(rows, &work);
+    run_status = backend_->Run(work, &timing);
+    if (!run_status.ok()) {
+      spdlog::error("decode batch of {} failed in the {} backend: {}", rows, backend_->name(),
+                    run_status.ToString());
+    }
+  }
+  const uint64_t batch_id = rows > 0 ? next_batch_id_++ : 0;
+
+  // 4. Commit and complete.
+  Clock::duration oldest_wait{};
+  for (int32_t i = 0; i < n; ++i) {
+    DecodeWork& item = items[i];
+    if (row_of[i] >= 0) {
+      const v1::DecodeRequest& req = *item.request;
+      if (!run_status.ok()) {
+        status[i] = absl::InternalError(
+            absl::StrCat("backend failed to run the batch: ", run_status.message()));
+      } else {
+        status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1);
+      }
+      if (status[i].ok()) {
+        const int32_t row = row_of[i];
+        v1::DecodeResponse* resp = item.response;
+        resp->set_request_id(req.request_id());
+        v1::Tensor* out = resp->mutable_out();
+        out->set_dtype(v1::BF16);
+        out->clear_shape();
+        out->add_shape(model_.num_q_heads);
+        out->add_shape(model_.head_dim);
+        out->set_data(staging.out_row(row),
+                      static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2);
+        if (req.return_lse()) {
+          v1::Tensor* lse = resp->mutable_lse();
+          lse->set_dtype(v1::FP32);
+          lse->clear_shape();
+          lse->add_shape(model_.num_q_heads);
+          lse->set_data(staging.lse_row(row), static_cast<size_t>(model_.num_q_heads) * 4);
+        }
+        v1::BatchInfo* info = resp->mutable_batch();
+        info->set_batch_id(batch_id);
+        info->set_batch_size(rows);
+        info->set_queue_us(Micros(start - item.enqueued));
+        info->set_compute_us(timing.compute_us);
+        oldest_wait = std::max(oldest_wait, start - item.enqueued);
+      }
+    }
+    item.done(ForCaller(status[i], item.key, item.request->sequence_id()));
+  }
+
+  if (rows > 0) {
+    const Clock::time_point end = Clock::now();
+    if (run_status.ok()) metrics_->AddTokensAppended(rows);
+    metrics_->ObserveBatch(rows, Seconds(oldest_wait), timing.compute_us * 1e-6,
+                           Seconds(end - start));
+    spdlog::debug("batch {}: size {} of {} queued, oldest wait {} us, compute {} us, total {} us",
+                  batch_id, rows, n, Micros(oldest_wait), timing.compute_us, Micros(end - start));
+  }
+}
+
+absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
+  const v1::AppendKVRequest& req = *work.request;
+  if (Clock::now() > work.deadline) return DeadlineError();
+  PagedKvCache& cache = backend_->cache();
+  const int64_t n = req.k().shape(0);
+  absl::Status s = cache.PrepareWrite(work.key, req.layer(), req.start_position(), n, &slots_);
+  if (!s.ok()) return s;
+  const int64_t row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
+  const char* k_bytes = req.k().data().data();
+  const char* v_bytes = req.v().data().data();
+  BatchTiming total;
+  for (int64_t begin = 0; begin < n; begin += kAppendChunk) {
+    const int64_t count = std::min(kAppendChunk, n - begin);
+    std::memcpy(append_k_, k_bytes + begin * row * 2, count * row * 2);
+    std::memcpy(append_v_, v_bytes + begin * row * 2, count * row * 2);
+    std::fill_n(append_layer_, count, req.layer());
+    std::memcpy(append_slot_, slots_.data() + begin, count * sizeof(int64_t));
+    BatchWork work_item;
+    work_item.append.num_tokens = static_cast<int32_t>(count);
+    work_item.append.k_new = append_k_;
+    work_item.append.v_new = append_v_;
+    work_item.append.layer = append_layer_;
+    work_item.append.slot = append_slot_;
+    BatchTiming timing;
+    s = backend_->Run(work_item, &timing);
+    if (!s.ok()) {
+      spdlog::error("prefill of {} tokens failed in the {} backend: {}", count, backend_->name(),
+                    s.ToString());
+      return absl::InternalError(absl::StrCat("backend failed to append: ", s.message()));
+    }
+    total.compute_us += timing.compute_us;
+  }
+  s = cache.CommitWrite(work.key, req.layer(), req.start_position(), n);
+  if (!s.ok()) return s;
+  metrics_->AddTokensAppended(n);
+  spdlog::debug("prefill: {} tokens of layer {} at {}, compute {} us", n, req.layer(),
+                req.start_position(), total.compute_us);
+  return cache.Length(work.key, req.layer());
+}
+
+void Executor::RunAppend(AppendWork& work) {
+  absl::StatusOr<int64_t> length = Append(work);
+  if (!length.ok()) length = ForCaller(length.status(), work.key, work.request->sequence_id());
+  work.done(std::move(length));
+}
+
+}  // namespace sds::server

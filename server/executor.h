@@ -1,0 +1,51 @@
+// The executor side of the batcher: the only thread that touches cache metadata for
+// writes (PrepareWrite copy-on-write ordering) and the only caller of Backend::Run.
+// For a decode batch it prepares each request's slot, gathers page tables, runs the
+// backend, commits the writes and completes the responses.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/backend.h"
+#include "server/metrics.h"
+#include "server/model_shape.h"
+#include "server/staging.h"
+#include "server/work.h"
+
+namespace sds::server {
+
+class Executor {
+ public:
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(Backend* backend, Metrics* metrics,
+                                                          const ModelShape& model);
+  ~Executor();
+
+  // `items[i]` was copied into row i of `staging` by the assembler.
+  void RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items);
+  void RunAppend(AppendWork& work);
+
+ private:
+  Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
+  absl::StatusOr<int64_t> Append(const AppendWork& work);
+
+  Backend* backend_;
+  Metrics* metrics_;
+  ModelShape model_;
+  int32_t page_size_;
+  uint64_t next_batch_id_ = 1;
+  // Prefill staging: [kAppendChunk, Hkv, D] bf16 K and V, layer and slot per row.
+  static constexpr int64_t kAppendChunk = 1024;
+  void* append_block_ = nullptr;
+  uint16_t* append_k_ = nullptr;
+  uint16_t* append_v_ = nullptr;
+  int32_t* append_layer_ = nullptr;
+  int64_t* append_slot_ = nullptr;
+  std::vector<int64_t> slots_;  // scratch
+  std::vector<int32_t> pages_;  // scratch
+};
+
+}  // namespace sds::server

@@ -1,0 +1,217 @@
+// Command-line flags of decode_server and their validation.
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "server/options.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address (host:port)");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+          "HTTP address for Prometheus /metrics (host:port); empty disables it");
+ABSL_FLAG(std::string, backend, "auto", "auto | cpu | cuda (auto = cuda when a GPU is usable)");
+ABSL_FLAG(int32_t, num_layers, 2, "number of transformer layers in the cache");
+ABSL_FLAG(int32_t, num_q_heads, 32, "query heads Hq (a multiple of --num_kv_heads)");
+ABSL_FLAG(int32_t, num_kv_heads, 8, "KV heads Hkv");
+ABSL_FLAG(int32_t, head_dim, 128, "head dimension D");
+ABSL_FLAG(int32_t, page_size, 16, "tokens per cache page (a power of two)");
+ABSL_FLAG(int64_t, cache_bytes, 0,
+          "cache size in bytes (K, V and scales of all layers); default 256 MiB when "
+          "--cache_pages is not given either");
+ABSL_FLAG(int64_t, cache_pages, 0, "cache size in pages (alternative to --cache_bytes)");
+ABSL_FLAG(std::string, scale_mode, "per_tensor", "per_tensor | per_token_head");
+ABSL_FLAG(std::string, k_scales, "",
+          "per_tensor K scales: one float for all layers or a comma list, one per layer");
+ABSL_FLAG(std::string, v_scales, "",
+          "per_tensor V scales: one float for all layers or a comma list, one per layer");
+ABSL_FLAG(std::string, scales_file, "",
+          "per_tensor scales file: one line per layer, 'k_scale v_scale'; '#' starts a "
+          "comment (alternative to --k_scales/--v_scales)");
+ABSL_FLAG(int32_t, max_batch_size, 64, "largest decode batch");
+ABSL_FLAG(int64_t, max_queue_delay_us, 500,
+          "a batch closes when its oldest request has waited this long");
+ABSL_FLAG(int32_t, max_queue_depth, 4096, "requests waiting before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
+ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
+ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
+ABSL_FLAG(std::string, auth_token, "",
+          "when set, every RPC needs metadata 'authorization: Bearer <token>'");
+
+namespace sds::server {
+namespace {
+
+absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+absl::StatusOr<std::vector<float>> ParseScaleList(const std::string& flag, const std::string& text,
+                                                  int32_t num_layers) {
+  std::vector<float> values;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    float value = 0;
+    if (!absl::SimpleAtof(absl::StripAsciiWhitespace(part), &value) || !std::isfinite(value) ||
+        value <= 0) {
+      return Bad(absl::StrCat("--", flag, ": '", part, "' is not a positive finite float"));
+    }
+    values.push_back(value);
+  }
+  if (values.size() == 1) values.assign(num_layers, values[0]);
+  if (static_cast<int32_t>(values.size()) != num_layers) {
+    return Bad(absl::StrCat("--", flag, " has ", values.size(), " values; give one for all ",
+                            "layers or one per layer (--num_layers=", num_layers, ")"));
+  }
+  return values;
+}
+
+absl::Status ReadScalesFile(const std::string& path, int32_t num_layers, std::vector<float>* k,
+                            std::vector<float>* v) {
+  std::ifstream in(path);
+  if (!in) return Bad(absl::StrCat("--scales_file: cannot open '", path, "'"));
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    absl::string_view text = line;
+    if (auto hash = text.find('#'); hash != absl::string_view::npos) text = text.substr(0, hash);
+    text = absl::StripAsciiWhitespace(text);
+    if (text.empty()) continue;
+    std::vector<std::string> fields =
+        absl::StrSplit(text, absl::ByAnyChar(" \t,"), absl::SkipEmpty());
+    float ks = 0, vs = 0;
+    if (fields.size() != 2 || !absl::SimpleAtof(fields[0], &ks) ||
+        !absl::SimpleAtof(fields[1], &vs) || !std::isfinite(ks) || !std::isfinite(vs) || ks <= 0 ||
+        vs <= 0) {
+      return Bad(absl::StrCat("--scales_file ", path, ":", line_no,
+                              ": expected 'k_scale v_scale' (positive floats)"));
+    }
+    k->push_back(ks);
+    v->push_back(vs);
+  }
+  if (static_cast<int32_t>(k->size()) != num_layers) {
+    return Bad(absl::StrCat("--scales_file ", path, " has ", k->size(), " layers, --num_layers is ",
+                            num_layers));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositive(const char* flag, int64_t value) {
+  if (value <= 0) return Bad(absl::StrCat("--", flag, " must be > 0 (got ", value, ")"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* ScaleModeName(ScaleMode mode) {
+  return mode == ScaleMode::kPerTokenHead ? "per_token_head" : "per_tensor";
+}
+
+absl::StatusOr<ServerOptions> OptionsFromFlags() {
+  ServerOptions opt;
+  opt.listen = absl::GetFlag(FLAGS_listen);
+  opt.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  opt.backend = absl::GetFlag(FLAGS_backend);
+  if (opt.backend != "auto" && opt.backend != "cpu" && opt.backend != "cuda") {
+    return Bad(absl::StrCat("--backend must be auto, cpu or cuda (got '", opt.backend, "')"));
+  }
+  if (opt.listen.empty()) return Bad("--listen must not be empty");
+
+  CacheConfig& cache = opt.backend_config.cache;
+  cache.num_layers = absl::GetFlag(FLAGS_num_layers);
+  cache.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
+  cache.head_dim = absl::GetFlag(FLAGS_head_dim);
+  cache.page_size = absl::GetFlag(FLAGS_page_size);
+  opt.backend_config.num_q_heads = absl::GetFlag(FLAGS_num_q_heads);
+  opt.backend_config.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  opt.backend_config.max_topk = absl::GetFlag(FLAGS_max_topk);
+  opt.backend_config.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  opt.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  opt.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
+  opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  opt.auth_token = absl::GetFlag(FLAGS_auth_token);
+
+  for (auto [flag, value] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"num_layers", cache.num_layers},
+           {"num_q_heads", opt.backend_config.num_q_heads},
+           {"num_kv_heads", cache.num_kv_heads},
+           {"head_dim", cache.head_dim},
+           {"page_size", cache.page_size},
+           {"max_batch_size", opt.backend_config.max_batch_size},
+           {"max_topk", opt.backend_config.max_topk},
+           {"max_queue_depth", opt.max_queue_depth},
+           {"drain_timeout_s", opt.drain_timeout_s}}) {
+    if (absl::Status s = CheckPositive(flag, value); !s.ok()) return s;
+  }
+  if (opt.backend_config.num_q_heads % cache.num_kv_heads != 0) {
+    return Bad(absl::StrCat("--num_q_heads (", opt.backend_config.num_q_heads,
+                            ") must be a multiple of --num_kv_heads (", cache.num_kv_heads, ")"));
+  }
+  if ((cache.page_size & (cache.page_size - 1)) != 0) {
+    return Bad(absl::StrCat("--page_size (", cache.page_size, ") must be a power of two"));
+  }
+  if (opt.max_queue_delay_us < 0) return Bad("--max_queue_delay_us must be >= 0");
+  if (opt.backend_config.cpu_threads < 0) return Bad("--cpu_threads must be >= 0");
+
+  const std::string mode = absl::GetFlag(FLAGS_scale_mode);
+  const std::string k_text = absl::GetFlag(FLAGS_k_scales);
+  const std::string v_text = absl::GetFlag(FLAGS_v_scales);
+  const std::string scales_file = absl::GetFlag(FLAGS_scales_file);
+  if (mode == "per_token_head") {
+    cache.scale_mode = ScaleMode::kPerTokenHead;
+    if (!k_text.empty() || !v_text.empty() || !scales_file.empty()) {
+      return Bad("--k_scales/--v_scales/--scales_file apply to --scale_mode=per_tensor only");
+    }
+  } else if (mode == "per_tensor") {
+    cache.scale_mode = ScaleMode::kPerTensor;
+    if (!scales_file.empty() && (!k_text.empty() || !v_text.empty())) {
+      return Bad("give either --scales_file or --k_scales/--v_scales, not both");
+    }
+    if (k_text.empty() != v_text.empty()) {
+      return Bad("--k_scales and --v_scales must be given together");
+    }
+    if (!scales_file.empty()) {
+      absl::Status s = ReadScalesFile(scales_file, cache.num_layers, &cache.layer_k_scales,
+                                      &cache.layer_v_scales);
+      if (!s.ok()) return s;
+    } else if (!k_text.empty()) {
+      auto k = ParseScaleList("k_scales", k_text, cache.num_layers);
+      if (!k.ok()) return k.status();
+      auto v = ParseScaleList("v_scales", v_text, cache.num_layers);
+      if (!v.ok()) return v.status();
+      cache.layer_k_scales = *std::move(k);
+      cache.layer_v_scales = *std::move(v);
+    } else {
+      opt.scales_are_default = true;
+      cache.layer_k_scales.assign(cache.num_layers, 1.0f);
+      cache.layer_v_scales.assign(cache.num_layers, 1.0f);
+    }
+  } else {
+    return Bad(
+        absl::StrCat("--scale_mode must be per_tensor or per_token_head (got '", mode, "')"));
+  }
+
+  const int64_t cache_bytes = absl::GetFlag(FLAGS_cache_bytes);
+  const int64_t cache_pages = absl::GetFlag(FLAGS_cache_pages);
+  if (cache_bytes < 0 || cache_pages < 0) return Bad("--cache_bytes/--cache_pages must be >= 0");
+  if (cache_bytes > 0 && cache_pages > 0) {
+    return Bad("give either --cache_bytes or --cache_pages, not both");
+  }
+  if (cache_pages > 0) {
+    cache.num_pages = cache_pages;
+  } else {
+    const int64_t bytes = cache_bytes > 0 ? cache_bytes : int64_t{256} << 20;
+    const int64_t per_page = PagedKvCache::BytesPerPage(cache);
+    cache.num_pages = per_page > 0 ? bytes / per_page : 0;
+    if (cache.num_pages <= 0) {
+      return Bad(absl::StrCat("--cache_bytes (", bytes, ") is smaller than one page (", per_page,
+                              " bytes)"));
+    }
+  }
+  return opt;
+}
+
+}  // namespace sds::server

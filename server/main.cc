@@ -1,0 +1,202 @@
+// decode_server: the Sparse Decode Server binary. Parses flags, creates the backend,
+// starts the batcher, runs the self-test, then serves gRPC (with health and
+// reflection) and /metrics until SIGTERM or SIGINT, when it drains and exits 0.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/backend_select.h"
+#include "server/batcher.h"
+#include "server/executor.h"
+#include "server/metrics.h"
+#include "server/metrics_http.h"
+#include "server/options.h"
+#include "server/self_test.h"
+#include "server/service.h"
+#include "server/staging.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+
+namespace sds::server {
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+constexpr char kServiceName[] = "sparse_decode.v1.DecodeService";
+
+int Fail(const std::string& line, int code = 1) {
+  std::fprintf(stderr, "decode_server: %s\n", line.c_str());
+  return code;
+}
+
+ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& model,
+                                const std::string& backend_name) {
+  ServiceConfig config;
+  config.model = model;
+  config.auth_token = opt.auth_token;
+  const CacheConfig& cache = opt.backend_config.cache;
+  sparse_decode::v1::ModelInfo& info = config.info;
+  info.set_num_layers(cache.num_layers);
+  info.set_num_q_heads(model.num_q_heads);
+  info.set_num_kv_heads(cache.num_kv_heads);
+  info.set_head_dim(cache.head_dim);
+  info.set_page_size(cache.page_size);
+  info.set_kv_dtype("fp8_e4m3");
+  info.set_scale_mode(ScaleModeName(cache.scale_mode));
+  info.set_max_batch_size(opt.backend_config.max_batch_size);
+  info.set_backend(backend_name);
+  for (float s : cache.layer_k_scales) info.add_k_scales(s);
+  for (float s : cache.layer_v_scales) info.add_v_scales(s);
+  info.set_scales_are_default(opt.scales_are_default);
+  info.set_max_topk(model.max_topk);
+  info.set_server_version(kVersion);
+  return config;
+}
+
+int Run(const ServerOptions& opt) {
+  // Signals are taken synchronously by this thread (sigwait); every other thread,
+  // including gRPC's and civetweb's, inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const CacheConfig& cache_config = opt.backend_config.cache;
+  if (opt.scales_are_default) {
+    spdlog::warn(
+        "--scale_mode=per_tensor without --k_scales/--v_scales/--scales_file: all "
+        "scales default to 1.0 (values beyond +-448 saturate); visible in "
+        "GetModelInfo.scales_are_default and sds_build_info");
+  }
+  auto backend_or = CreateBackend(opt.backend, opt.backend_config);
+  if (!backend_or.ok()) return Fail(absl::StrCat("backend: ", backend_or.status().ToString()));
+  std::unique_ptr<Backend> backend = *std::move(backend_or);
+
+  ModelShape model;
+  model.num_layers = cache_config.num_layers;
+  model.num_q_heads = opt.backend_config.num_q_heads;
+  model.num_kv_heads = cache_config.num_kv_heads;
+  model.head_dim = cache_config.head_dim;
+  model.max_topk = opt.backend_config.max_topk;
+
+  BuildInfo build;
+  build.backend = backend->name();
+  build.num_q_heads = model.num_q_heads;
+  build.num_kv_heads = model.num_kv_heads;
+  build.head_dim = model.head_dim;
+  build.scale_mode = ScaleModeName(cache_config.scale_mode);
+  build.scales_default = opt.scales_are_default;
+  build.version = kVersion;
+  Metrics metrics(build);
+
+  auto executor = Executor::Create(backend.get(), &metrics, model);
+  if (!executor.ok()) return Fail(executor.status().ToString());
+  std::vector<std::unique_ptr<StagingBuffer>> staging;
+  for (int i = 0; i < 2; ++i) {
+    auto buffer = StagingBuffer::Create(backend.get(), model, opt.backend_config.max_batch_size);
+    if (!buffer.ok()) return Fail(buffer.status().ToString());
+    staging.push_back(*std::move(buffer));
+  }
+  BatcherOptions batcher_options;
+  batcher_options.max_batch_size = opt.backend_config.max_batch_size;
+  batcher_options.max_queue_delay = std::chrono::microseconds(opt.max_queue_delay_us);
+  batcher_options.max_queue_depth = opt.max_queue_depth;
+  Batcher batcher(batcher_options, executor->get(), std::move(staging));
+  batcher.Start();
+
+  if (absl::Status s = RunSelfTest(batcher, backend->cache(), model); !s.ok()) {
+    return Fail(
+        absl::StrCat("self-test failed on the ", backend->name(), " backend: ", s.ToString()));
+  }
+
+  DecodeServiceImpl service(MakeServiceConfig(opt, model, backend->name()), backend.get(), &batcher,
+                            &metrics);
+  metrics.SetGaugeSource([&] {
+    GaugeValues g;
+    const CacheStats stats = backend->cache().Stats();
+    g.queue_depth = batcher.queue_depth();
+    g.pages_total = stats.pages_total;
+    g.pages_used = stats.pages_used;
+    g.pages_free = stats.pages_free;
+    g.sequences = stats.sequences;
+    g.active_streams = service.active_streams();
+    return g;
+  });
+
+  std::unique_ptr<MetricsHttpServer> http;
+  if (!opt.metrics_listen.empty()) {
+    auto started = MetricsHttpServer::Start(opt.metrics_listen, [&] { return metrics.Render(); });
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    http = *std::move(started);
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(256 << 20);  // prefill of long sequences
+  builder.SetMaxSendMessageSize(256 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return Fail(absl::StrCat("cannot listen on '", opt.listen, "'"));
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(kServiceName, true);
+  health->SetServingStatus(true);
+  spdlog::info(
+      "decode_server {} serving on {} (port {}), backend {}, metrics {}, model "
+      "Hq={} Hkv={} D={} layers={} pages={} scale_mode={}",
+      kVersion, opt.listen, port, backend->name(),
+      opt.metrics_listen.empty() ? "off" : opt.metrics_listen, model.num_q_heads,
+      model.num_kv_heads, model.head_dim, model.num_layers, cache_config.num_pages,
+      ScaleModeName(cache_config.scale_mode));
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  const auto deadline = Clock::now() + std::chrono::seconds(opt.drain_timeout_s);
+  spdlog::info("signal {}: draining (up to {} s)", signal_number, opt.drain_timeout_s);
+  health->SetServingStatus(false);
+  service.StartDraining();
+  const bool drained = batcher.Drain(deadline);
+  if (!drained) spdlog::warn("drain timeout: queued work did not finish in time");
+  const auto left = deadline - Clock::now();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                       std::max(left, Clock::duration::zero())));
+  batcher.Stop();
+  http.reset();
+  spdlog::info("drained{}; exiting", drained ? "" : " (with timeouts)");
+  return 0;
+}
+
+}  // namespace
+}  // namespace sds::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Sparse Decode Server: paged FP8 KV cache + batched sparse top-K GQA decode over gRPC.\n"
+      "Usage: decode_server --listen=0.0.0.0:50051 --backend=auto --num_layers=... ");
+  absl::ParseCommandLine(argc, argv);
+  const auto level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
+  spdlog::set_level(level);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
+  auto options = sds::server::OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "decode_server: invalid flags: %s\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  return sds::server::Run(*options);
+}

@@ -1,0 +1,193 @@
+#include "server/metrics.h"
+
+#include <cmath>
+#include <memory>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace sds::server {
+namespace {
+
+std::vector<double> LatencyBuckets() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,    0.1,    0.25,    0.5,    1,     2.5,    5,     10};
+}
+
+std::vector<double> BatchSizeBuckets() { return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}; }
+
+std::string Number(double value) {
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  return absl::StrFormat("%.17g", value);
+}
+
+void Header(std::string* out, absl::string_view name, absl::string_view type,
+            absl::string_view help) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+// Label values here are program constants and status names; escape anyway.
+std::string Escape(absl::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string StatusCodeName(absl::StatusCode code) {
+  return absl::AsciiStrToUpper(absl::StatusCodeToString(code));
+}
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  size_t bucket = 0;
+  while (bucket < bounds_.size() && value > bounds_[bucket]) ++bucket;
+  absl::MutexLock lock(&mu_);
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Render(absl::string_view name, absl::string_view labels, std::string* out) const {
+  std::vector<uint64_t> counts;
+  double sum;
+  uint64_t count;
+  {
+    absl::MutexLock lock(&mu_);
+    counts = counts_;
+    sum = sum_;
+    count = count_;
+  }
+  const std::string sep = labels.empty() ? "" : ",";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts[i];
+    const double le = i < bounds_.size() ? bounds_[i] : INFINITY;
+    absl::StrAppend(out, name, "_bucket{", labels, sep, "le=\"", Number(le), "\"} ", cumulative,
+                    "\n");
+  }
+  const std::string braces = labels.empty() ? "" : absl::StrCat("{", labels, "}");
+  absl::StrAppend(out, name, "_sum", braces, " ", Number(sum), "\n");
+  absl::StrAppend(out, name, "_count", braces, " ", count, "\n");
+}
+
+Metrics::Metrics(BuildInfo info)
+    : info_(std::move(info)),
+      batch_size_(BatchSizeBuckets()),
+      batch_queue_(LatencyBuckets()),
+      batch_compute_(LatencyBuckets()),
+      batch_total_(LatencyBuckets()) {}
+
+void Metrics::ObserveBatch(int32_t batch_size, double queue_s, double compute_s, double total_s) {
+  batch_size_.Observe(batch_size);
+  batch_queue_.Observe(queue_s);
+  batch_compute_.Observe(compute_s);
+  batch_total_.Observe(total_s);
+  absl::MutexLock lock(&mu_);
+  ++batches_;
+}
+
+void Metrics::CountRequest(absl::string_view rpc, absl::StatusCode code) {
+  absl::MutexLock lock(&mu_);
+  ++requests_[{std::string(rpc), StatusCodeName(code)}];
+}
+
+void Metrics::ObserveLatency(absl::string_view rpc, double seconds) {
+  Histogram* histogram;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = latency_[std::string(rpc)];
+    if (!slot) slot = std::make_unique<Histogram>(LatencyBuckets());
+    histogram = slot.get();  // never removed, so the pointer stays valid
+  }
+  histogram->Observe(seconds);
+}
+
+void Metrics::AddTokensAppended(int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  tokens_appended_ += tokens;
+}
+
+void Metrics::SetGaugeSource(std::function<GaugeValues()> source) {
+  absl::MutexLock lock(&mu_);
+  gauges_ = std::move(source);
+}
+
+std::string Metrics::Render() const {
+  std::string out;
+  std::function<GaugeValues()> source;
+  uint64_t batches, tokens;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests;
+  std::vector<std::pair<std::string, const Histogram*>> latency;
+  {
+    absl::MutexLock lock(&mu_);
+    source = gauges_;
+    batches = batches_;
+    tokens = tokens_appended_;
+    requests = requests_;
+    for (const auto& [rpc, histogram] : latency_) latency.emplace_back(rpc, histogram.get());
+  }
+  const GaugeValues gauges = source ? source() : GaugeValues{};
+
+  Header(&out, "sds_build_info", "gauge", "Build and model configuration of this server.");
+  absl::StrAppend(&out, "sds_build_info{backend=\"", Escape(info_.backend), "\",num_q_heads=\"",
+                  info_.num_q_heads, "\",num_kv_heads=\"", info_.num_kv_heads, "\",head_dim=\"",
+                  info_.head_dim, "\",scale_mode=\"", Escape(info_.scale_mode),
+                  "\",scales_default=\"", info_.scales_default ? "true" : "false", "\",version=\"",
+                  Escape(info_.version), "\"} 1\n");
+
+  Header(&out, "sds_batch_size", "histogram", "Decode requests per launched batch.");
+  batch_size_.Render("sds_batch_size", "", &out);
+  Header(&out, "sds_batch_queue_seconds", "histogram",
+         "Time the oldest request of a batch waited in the queue.");
+  batch_queue_.Render("sds_batch_queue_seconds", "", &out);
+  Header(&out, "sds_batch_compute_seconds", "histogram",
+         "Backend compute time per batch (device time on cuda, wall time on cpu).");
+  batch_compute_.Render("sds_batch_compute_seconds", "", &out);
+  Header(&out, "sds_batch_total_seconds", "histogram",
+         "Executor time per batch: cache preparation, compute and responses.");
+  batch_total_.Render("sds_batch_total_seconds", "", &out);
+
+  Header(&out, "sds_request_latency_seconds", "histogram",
+         "Server-side latency per RPC (per message on DecodeStream).");
+  for (const auto& [rpc, histogram] : latency) {
+    histogram->Render("sds_request_latency_seconds", absl::StrCat("rpc=\"", Escape(rpc), "\""),
+                      &out);
+  }
+
+  Header(&out, "sds_requests_total", "counter", "Requests by RPC and final status code.");
+  for (const auto& [key, value] : requests) {
+    absl::StrAppend(&out, "sds_requests_total{rpc=\"", Escape(key.first), "\",code=\"",
+                    Escape(key.second), "\"} ", value, "\n");
+  }
+  Header(&out, "sds_batches_total", "counter", "Decode batches launched.");
+  absl::StrAppend(&out, "sds_batches_total ", batches, "\n");
+  Header(&out, "sds_tokens_appended_total", "counter",
+         "Tokens written into the cache (decode and prefill).");
+  absl::StrAppend(&out, "sds_tokens_appended_total ", tokens, "\n");
+
+  Header(&out, "sds_queue_depth", "gauge", "Work items waiting in the batcher queue.");
+  absl::StrAppend(&out, "sds_queue_depth ", gauges.queue_depth, "\n");
+  Header(&out, "sds_cache_pages", "gauge", "KV cache pages by state.");
+  absl::StrAppend(&out, "sds_cache_pages{state=\"total\"} ", gauges.pages_total, "\n");
+  absl::StrAppend(&out, "sds_cache_pages{state=\"used\"} ", gauges.pages_used, "\n");
+  absl::StrAppend(&out, "sds_cache_pages{state=\"free\"} ", gauges.pages_free, "\n");
+  Header(&out, "sds_sequences", "gauge", "Live sequences in the cache (all tenants).");
+  absl::StrAppend(&out, "sds_sequences ", gauges.sequences, "\n");
+  Header(&out, "sds_active_streams", "gauge", "Open DecodeStream calls.");
+  absl::StrAppend(&out, "sds_active_streams ", gauges.active_streams, "\n");
+  return out;
+}
+
+}  // namespace sds::server

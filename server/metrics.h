@@ -1,0 +1,89 @@
+// Prometheus metrics of the server, rendered in the text exposition format 0.0.4.
+//
+// The exposition is written by hand: Debian bookworm has no prometheus-cpp package
+// (`apt-cache policy libprometheus-cpp-dev` finds nothing), and the format is small.
+//
+// Counting rules: sds_requests_total counts every RPC once by its final status, except
+// DecodeBatch and DecodeStream, which count each decode request inside them by its
+// own error_code (so decode traffic is comparable across the three RPCs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace sds::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void Observe(double value);
+  // Appends the _bucket, _sum and _count lines; `labels` is "" or `key="value",...`.
+  void Render(absl::string_view name, absl::string_view labels, std::string* out) const;
+
+ private:
+  const std::vector<double> bounds_;
+  mutable absl::Mutex mu_;
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // per bucket, not cumulative
+  double sum_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct BuildInfo {
+  std::string backend;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  std::string scale_mode;
+  bool scales_default = false;
+  std::string version;
+};
+
+// Values read at scrape time.
+struct GaugeValues {
+  int64_t queue_depth = 0;
+  int64_t pages_total = 0;
+  int64_t pages_used = 0;
+  int64_t pages_free = 0;
+  int64_t sequences = 0;
+  int64_t active_streams = 0;
+};
+
+class Metrics {
+ public:
+  explicit Metrics(BuildInfo info);
+
+  void ObserveBatch(int32_t batch_size, double queue_s, double compute_s, double total_s);
+  void CountRequest(absl::string_view rpc, absl::StatusCode code);
+  void ObserveLatency(absl::string_view rpc, double seconds);
+  void AddTokensAppended(int64_t tokens);
+  void SetGaugeSource(std::function<GaugeValues()> source);
+
+  std::string Render() const;
+
+ private:
+  const BuildInfo info_;
+  Histogram batch_size_;
+  Histogram batch_queue_;
+  Histogram batch_compute_;
+  Histogram batch_total_;
+  mutable absl::Mutex mu_;
+  uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tokens_appended_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Histogram>> latency_ ABSL_GUARDED_BY(mu_);
+  std::function<GaugeValues()> gauges_ ABSL_GUARDED_BY(mu_);
+};
+
+// "OK", "INVALID_ARGUMENT", ... (the gRPC spelling).
+std::string StatusCodeName(absl::StatusCode code);
+
+}  // namespace sds::server

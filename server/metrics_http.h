@@ -1,0 +1,31 @@
+// Serves GET /metrics over HTTP with civetweb.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+struct mg_context;
+struct mg_connection;
+
+namespace sds::server {
+
+class MetricsHttpServer {
+ public:
+  // `listen` is host:port (civetweb "listening_ports" syntax). `render` produces the
+  // exposition text; it runs on civetweb's threads.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& listen, std::function<std::string()> render);
+  ~MetricsHttpServer();
+
+ private:
+  MetricsHttpServer() = default;
+  static int Handle(mg_connection* connection, void* self);
+
+  std::function<std::string()> render_;
+  mg_context* context_ = nullptr;
+};
+
+}  // namespace sds::server

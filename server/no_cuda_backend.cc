@@ -1,0 +1,13 @@
+// Built when the CUDA backend is not: there is never a usable GPU.
+#include "absl/status/status.h"
+#include "server/backend.h"
+
+namespace sds {
+
+bool CudaDeviceAvailable() { return false; }
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig&) {
+  return absl::UnavailableError("this decode_server was built without the CUDA backend");
+}
+
+}  // namespace sds

@@ -1,0 +1,31 @@
+// Everything the server needs to start, resolved and validated from the command line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/backend.h"
+
+namespace sds::server {
+
+struct ServerOptions {
+  std::string listen;          // gRPC address, host:port
+  std::string metrics_listen;  // civetweb address for /metrics; empty = off
+  std::string backend;         // "auto" | "cpu" | "cuda"
+  BackendConfig backend_config;
+  bool scales_are_default = false;  // per_tensor mode without configured scales
+  int64_t max_queue_delay_us = 0;
+  int32_t max_queue_depth = 0;
+  int32_t drain_timeout_s = 0;
+  std::string auth_token;  // empty = no authentication
+};
+
+// Reads the absl flags (after absl::ParseCommandLine) and checks their combination.
+// INVALID_ARGUMENT with one line naming the flag on a bad combination.
+absl::StatusOr<ServerOptions> OptionsFromFlags();
+
+// "per_tensor" | "per_token_head".
+const char* ScaleModeName(ScaleMode mode);
+
+}  // namespace sds::server

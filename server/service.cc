@@ -1,0 +1,275 @@
+#include "server/service.h"
+
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "server/auth.h"
+#include "server/rpc_util.h"
+#include "server/stream_reactor.h"
+#include "server/validate.h"
+#include "spdlog/spdlog.h"
+
+namespace sds::server {
+
+namespace v1 = sparse_decode::v1;
+
+namespace {
+
+// Completes a unary call once: metrics, a log line for bugs, then Finish.
+struct Finisher {
+  grpc::ServerUnaryReactor* reactor;
+  Metrics* metrics;
+  const char* rpc;
+  Clock::time_point start;
+  bool count_rpc;  // false where the items inside the call are counted instead
+
+  void operator()(const absl::Status& status) const {
+    if (count_rpc) metrics->CountRequest(rpc, status.code());
+    metrics->ObserveLatency(rpc, SecondsSince(start));
+    if (status.code() == absl::StatusCode::kInternal) {
+      spdlog::error("{}: {}", rpc, status.ToString());
+    } else if (!status.ok()) {
+      spdlog::debug("{}: {}", rpc, status.ToString());
+    }
+    reactor->Finish(ToGrpc(status));
+  }
+};
+
+// Runs `body(tenant, finish)`; `body` calls `finish` exactly once, now or later.
+template <typename Body>
+grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Metrics* metrics,
+                                const char* rpc, const absl::StatusOr<std::string>& tenant,
+                                Body&& body, bool count_rpc = true) {
+  Finisher finish{context->DefaultReactor(), metrics, rpc, Clock::now(), count_rpc};
+  if (!tenant.ok()) {
+    if (!count_rpc) metrics->CountRequest(rpc, tenant.status().code());
+    finish(tenant.status());
+    return finish.reactor;
+  }
+  try {
+    body(*tenant, finish);
+  } catch (const std::exception& e) {
+    finish(absl::InternalError(absl::StrCat("internal error: ", e.what())));
+  }
+  return finish.reactor;
+}
+
+constexpr char kDecodeBatchRpc[] = "DecodeBatch";
+
+absl::Status NotFound(const std::string& sequence_id) {
+  return absl::NotFoundError(
+      absl::StrCat("sequence '", sequence_id, "' not found; call CreateSequence first"));
+}
+
+}  // namespace
+
+DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Batcher* batcher,
+                                     Metrics* metrics)
+    : config_(std::move(config)),
+      backend_(backend),
+      batcher_(batcher),
+      metrics_(metrics),
+      admission_(batcher, &backend->cache(), config_.model) {}
+
+absl::StatusOr<std::string> DecodeServiceImpl::Admit(
+    const grpc::CallbackServerContext& context) const {
+  if (draining_.load()) return absl::UnavailableError("server is draining");
+  return Authenticate(context, config_.auth_token);
+}
+
+void DecodeServiceImpl::StartDraining() {
+  draining_.store(true);
+  std::lock_guard<std::recursive_mutex> lock(streams_mu_);
+  const std::vector<DecodeStreamReactor*> open(streams_.begin(), streams_.end());
+  for (DecodeStreamReactor* stream : open) stream->Drain();
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::GetModelInfo(grpc::CallbackServerContext* context,
+                                                          const v1::GetModelInfoRequest*,
+                                                          v1::ModelInfo* response) {
+  return Serve(context, metrics_, "GetModelInfo", Admit(*context),
+               [&](const std::string&, const Finisher& finish) {
+                 *response = config_.info;
+                 const CacheStats stats = backend_->cache().Stats();
+                 response->set_total_pages(stats.pages_total);
+                 response->set_free_pages(stats.pages_free);
+                 finish(absl::OkStatus());
+               });
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::CreateSequence(
+    grpc::CallbackServerContext* context, const v1::CreateSequenceRequest* request,
+    v1::CreateSequenceResponse* response) {
+  return Serve(context, metrics_, "CreateSequence", Admit(*context),
+               [&](const std::string& tenant, const Finisher& finish) {
+                 const std::string& id = request->sequence_id();
+                 if (absl::Status s = ValidateSequenceId(id, "sequence_id"); !s.ok()) {
+                   return finish(s);
+                 }
+                 if (request->reserve_tokens() < 0) {
+                   return finish(absl::InvalidArgumentError(absl::StrCat(
+                       "reserve_tokens ", request->reserve_tokens(), " must be >= 0")));
+                 }
+                 const std::string key = SequenceKey(tenant, id);
+                 absl::Status s = backend_->cache().CreateSequence(key, request->reserve_tokens());
+                 if (s.code() == absl::StatusCode::kAlreadyExists) {
+                   s = absl::AlreadyExistsError(absl::StrCat("sequence '", id, "' already exists"));
+                 } else if (s.code() == absl::StatusCode::kResourceExhausted) {
+                   s = absl::ResourceExhaustedError(
+                       absl::StrCat("cache full: cannot reserve ", request->reserve_tokens(),
+                                    " tokens for '", id, "': ", s.message()));
+                 }
+                 if (s.ok()) {
+                   const int64_t page = config_.info.page_size();
+                   response->set_reserved_pages((request->reserve_tokens() + page - 1) / page);
+                 }
+                 finish(ForCaller(s, key, id));
+               });
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::AppendKV(grpc::CallbackServerContext* context,
+                                                      const v1::AppendKVRequest* request,
+                                                      v1::AppendKVResponse* response) {
+  return Serve(context, metrics_, "AppendKV", Admit(*context),
+               [&](const std::string& tenant, const Finisher& finish) {
+                 if (absl::Status s = ValidateAppend(*request, config_.model); !s.ok())
+                   return finish(s);
+                 AppendWork work;
+                 work.request = request;
+                 work.key = SequenceKey(tenant, request->sequence_id());
+                 if (!backend_->cache().Contains(work.key))
+                   return finish(NotFound(request->sequence_id()));
+                 work.deadline = DeadlineOf(*context);
+                 work.done = [finish, response](absl::StatusOr<int64_t> length) {
+                   if (length.ok()) response->set_length(*length);
+                   finish(length.status());
+                 };
+                 if (absl::Status s = batcher_->SubmitAppend(std::move(work)); !s.ok()) finish(s);
+               });
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext* context,
+                                                    const v1::DecodeRequest* request,
+                                                    v1::DecodeResponse* response) {
+  return Serve(context, metrics_, "Decode", Admit(*context),
+               [&](const std::string& tenant, const Finisher& finish) {
+                 absl::Status s =
+                     admission_.Submit(tenant, request, response, DeadlineOf(*context), finish);
+                 if (!s.ok()) finish(s);
+               });
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerContext* context,
+                                                         const v1::DecodeBatchRequest* request,
+                                                         v1::DecodeBatchResponse* response) {
+  return Serve(
+      context, metrics_, kDecodeBatchRpc, Admit(*context),
+      [&](const std::string& tenant, const Finisher& finish) {
+        const int n = request->requests_size();
+        if (n == 0) return finish(absl::OkStatus());
+        // Every response slot exists before the first item can complete.
+        for (int i = 0; i < n; ++i) response->add_responses();
+        auto remaining = std::make_shared<std::atomic<int>>(n);
+        const Clock::time_point deadline = DeadlineOf(*context);
+        for (int i = 0; i < n; ++i) {
+          const v1::DecodeRequest* item = &request->requests(i);
+          v1::DecodeResponse* slot = response->mutable_responses(i);
+          auto done = [this, finish, remaining, item, slot](const absl::Status& s) {
+            if (!s.ok()) {
+              slot->Clear();
+              slot->set_request_id(item->request_id());
+              slot->set_error_code(static_cast<int32_t>(s.code()));
+              slot->set_error_message(std::string(s.message()));
+            }
+            metrics_->CountRequest(kDecodeBatchRpc, s.code());
+            if (remaining->fetch_sub(1) == 1) finish(absl::OkStatus());
+          };
+          absl::Status s = admission_.Submit(tenant, item, slot, deadline, done);
+          if (!s.ok()) done(s);
+        }
+      },
+      /*count_rpc=*/false);
+}
+
+grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeServiceImpl::DecodeStream(
+    grpc::CallbackServerContext* context) {
+  DecodeStreamReactor::Env env;
+  env.admission = &admission_;
+  env.metrics = metrics_;
+  env.draining = &draining_;
+  env.on_done = [this](DecodeStreamReactor* stream) {
+    std::lock_guard<std::recursive_mutex> lock(streams_mu_);
+    streams_.erase(stream);
+    active_streams_.fetch_sub(1);
+  };
+  std::lock_guard<std::recursive_mutex> lock(streams_mu_);
+  auto* stream = new DecodeStreamReactor(context, std::move(env), Admit(*context));
+  streams_.insert(stream);
+  active_streams_.fetch_add(1);
+  return stream;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::ForkSequence(grpc::CallbackServerContext* context,
+                                                          const v1::ForkSequenceRequest* request,
+                                                          v1::ForkSequenceResponse*) {
+  return Serve(
+      context, metrics_, "ForkSequence", Admit(*context),
+      [&](const std::string& tenant, const Finisher& finish) {
+        const std::string& src_id = request->sequence_id();
+        const std::string& dst_id = request->new_sequence_id();
+        if (absl::Status s = ValidateSequenceId(src_id, "sequence_id"); !s.ok()) return finish(s);
+        if (absl::Status s = ValidateSequenceId(dst_id, "new_sequence_id"); !s.ok()) {
+          return finish(s);
+        }
+        const std::string src = SequenceKey(tenant, src_id);
+        const std::string dst = SequenceKey(tenant, dst_id);
+        ControlWork work;
+        // On the executor thread, so the fork sees every write queued before it.
+        work.run = [this, finish, src, dst, src_id, dst_id] {
+          absl::Status s = backend_->cache().ForkSequence(src, dst);
+          if (s.code() == absl::StatusCode::kNotFound) s = NotFound(src_id);
+          if (s.code() == absl::StatusCode::kAlreadyExists) {
+            s = absl::AlreadyExistsError(absl::StrCat("sequence '", dst_id, "' already exists"));
+          }
+          finish(ForCaller(ForCaller(s, src, src_id), dst, dst_id));
+        };
+        work.fail = finish;
+        if (absl::Status s = batcher_->SubmitControl(std::move(work)); !s.ok()) finish(s);
+      });
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::ReleaseSequence(
+    grpc::CallbackServerContext* context, const v1::ReleaseSequenceRequest* request,
+    v1::ReleaseSequenceResponse* response) {
+  return Serve(context, metrics_, "ReleaseSequence", Admit(*context),
+               [&](const std::string& tenant, const Finisher& finish) {
+                 const std::string& id = request->sequence_id();
+                 if (absl::Status s = ValidateSequenceId(id, "sequence_id"); !s.ok()) {
+                   return finish(s);
+                 }
+                 const std::string key = SequenceKey(tenant, id);
+                 ControlWork work;
+                 // On the executor thread: no launched batch can read the freed pages,
+                 // and decodes queued after this one fail NOT_FOUND.
+                 work.run = [this, finish, response, key, id] {
+                   absl::StatusOr<int64_t> freed = backend_->cache().ReleaseSequence(key);
+                   if (freed.ok()) {
+                     response->set_freed_pages(*freed);
+                     return finish(absl::OkStatus());
+                   }
+                   if (freed.status().code() == absl::StatusCode::kNotFound) {
+                     return finish(NotFound(id));
+                   }
+                   finish(ForCaller(freed.status(), key, id));
+                 };
+                 work.fail = finish;
+                 if (absl::Status s = batcher_->SubmitControl(std::move(work)); !s.ok()) {
+                   finish(s);
+                 }
+               });
+}
+
+}  // namespace sds::server

@@ -1,0 +1,159 @@
+#include "server/staging.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/validate.h"
+
+namespace sds::server {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Lays arrays out one after another in one block; first pass sizes, second carves.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* Take(int64_t count) {
+    T* ptr = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += AlignUp(static_cast<size_t>(count) * sizeof(T));
+    return ptr;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+StagingBuffer::StagingBuffer(Backend* backend, const ModelShape& model, int32_t max_batch_size)
+    : backend_(backend), model_(model), max_batch_(max_batch_size) {
+  index_stride_ = static_cast<int64_t>(model.num_kv_heads) * model.max_topk;
+}
+
+absl::StatusOr<std::unique_ptr<StagingBuffer>> StagingBuffer::Create(Backend* backend,
+                                                                     const ModelShape& model,
+                                                                     int32_t max_batch_size) {
+  std::unique_ptr<StagingBuffer> buf(new StagingBuffer(backend, model, max_batch_size));
+  const int64_t b = max_batch_size;
+  const int64_t q_elems = b * model.num_q_heads * model.head_dim;
+  const int64_t kv_elems = b * model.num_kv_heads * model.head_dim;
+  auto carve = [&](Carver& c) {
+    buf->q_ = c.Take<uint16_t>(q_elems);
+    buf->gate_ = c.Take<uint16_t>(q_elems);
+    buf->k_new_ = c.Take<uint16_t>(kv_elems);
+    buf->v_new_ = c.Take<uint16_t>(kv_elems);
+    buf->append_layer_ = c.Take<int32_t>(b);
+    buf->slot_ = c.Take<int64_t>(b);
+    buf->layer_ = c.Take<int32_t>(b);
+    buf->indices_ = c.Take<int32_t>(b * buf->index_stride_);
+    buf->index_offset_ = c.Take<int64_t>(b);
+    buf->topk_ = c.Take<int32_t>(b);
+    buf->indices_per_kv_head_ = c.Take<uint8_t>(b);
+    buf->page_table_offset_ = c.Take<int64_t>(b);
+    buf->out_ = c.Take<uint16_t>(q_elems);
+    buf->lse_ = c.Take<float>(b * model.num_q_heads);
+  };
+  Carver sizing(nullptr);
+  carve(sizing);
+  buf->block_ = backend->AllocateStaging(sizing.used());
+  if (buf->block_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", sizing.used(), " bytes of staging memory"));
+  }
+  Carver real(static_cast<char*>(buf->block_));
+  carve(real);
+  if (absl::Status s = buf->ReservePageTable(b * 64); !s.ok()) return s;
+  return buf;
+}
+
+StagingBuffer::~StagingBuffer() {
+  if (block_) backend_->FreeStaging(block_);
+  if (page_table_) backend_->FreeStaging(page_table_);
+}
+
+absl::Status StagingBuffer::ReservePageTable(int64_t count) {
+  if (count <= page_table_capacity_) return absl::OkStatus();
+  const int64_t capacity = std::max(count, page_table_capacity_ * 2);
+  void* ptr = backend_->AllocateStaging(static_cast<size_t>(capacity) * sizeof(int32_t));
+  if (ptr == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a staging page table of ", capacity, " entries"));
+  }
+  if (page_table_) backend_->FreeStaging(page_table_);
+  page_table_ = static_cast<int32_t*>(ptr);
+  page_table_capacity_ = capacity;
+  return absl::OkStatus();
+}
+
+void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request) {
+  const int64_t q_row = static_cast<int64_t>(model_.num_q_heads) * model_.head_dim;
+  const int64_t kv_row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
+  std::memcpy(q_ + row * q_row, request.q().data().data(), q_row * 2);
+  std::memcpy(gate_ + row * q_row, request.gate().data().data(), q_row * 2);
+  std::memcpy(k_new_ + row * kv_row, request.k().data().data(), kv_row * 2);
+  std::memcpy(v_new_ + row * kv_row, request.v().data().data(), kv_row * 2);
+  const sparse_decode::v1::Tensor& indices = request.indices();
+  const bool per_head = IndicesPerKvHead(indices);
+  const int32_t k = static_cast<int32_t>(per_head ? indices.shape(1) : indices.shape(0));
+  layer_[row] = request.layer();
+  append_layer_[row] = request.layer();
+  index_offset_[row] = row * index_stride_;
+  topk_[row] = k;
+  indices_per_kv_head_[row] = per_head ? 1 : 0;
+  std::memcpy(indices_ + row * index_stride_, indices.data().data(), indices.data().size());
+}
+
+void StagingBuffer::MoveRow(int32_t dst, int32_t src) {
+  const int64_t q_row = static_cast<int64_t>(model_.num_q_heads) * model_.head_dim;
+  const int64_t kv_row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
+  std::memcpy(q_ + dst * q_row, q_ + src * q_row, q_row * 2);
+  std::memcpy(gate_ + dst * q_row, gate_ + src * q_row, q_row * 2);
+  std::memcpy(k_new_ + dst * kv_row, k_new_ + src * kv_row, kv_row * 2);
+  std::memcpy(v_new_ + dst * kv_row, v_new_ + src * kv_row, kv_row * 2);
+  layer_[dst] = layer_[src];
+  append_layer_[dst] = append_layer_[src];
+  slot_[dst] = slot_[src];
+  index_offset_[dst] = index_offset_[src];  // the index list itself stays where it is
+  topk_[dst] = topk_[src];
+  indices_per_kv_head_[dst] = indices_per_kv_head_[src];
+}
+
+void StagingBuffer::Describe(int32_t rows, BatchWork* work) const {
+  work->append.num_tokens = rows;
+  work->append.k_new = k_new_;
+  work->append.v_new = v_new_;
+  work->append.layer = append_layer_;
+  work->append.slot = slot_;
+  DecodeBatch& d = work->decode;
+  d.num_requests = rows;
+  d.num_q_heads = model_.num_q_heads;
+  d.q = q_;
+  d.gate = gate_;
+  d.layer = layer_;
+  d.page_table = page_table_;
+  d.page_table_offset = page_table_offset_;
+  d.indices = indices_;
+  d.index_offset = index_offset_;
+  d.topk = topk_;
+  d.indices_per_kv_head = indices_per_kv_head_;
+  d.out = out_;
+  d.lse = lse_;
+}
+
+const uint16_t* StagingBuffer::out_row(int32_t row) const {
+  return out_ + static_cast<int64_t>(row) * model_.num_q_heads * model_.head_dim;
+}
+
+const float* StagingBuffer::lse_row(int32_t row) const {
+  return lse_ + static_cast<int64_t>(row) * model_.num_q_heads;
+}
+
+}  // namespace sds::server

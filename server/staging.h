@@ -1,0 +1,73 @@
+// Host staging buffers of one decode batch, allocated through Backend::AllocateStaging
+// (pinned on CUDA). The assembler copies request tensors straight from the protobuf
+// bytes into a row; the executor fills the cache metadata (slots, page tables) and
+// hands the pointers to the backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/backend.h"
+#include "server/model_shape.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+class StagingBuffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagingBuffer>> Create(Backend* backend,
+                                                               const ModelShape& model,
+                                                               int32_t max_batch_size);
+  ~StagingBuffer();
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+
+  // Copies q, gate, k, v and the indices of a validated request into row `row`.
+  void FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request);
+  // Moves row `src` to row `dst` (dst < src) to close the gap of a failed request.
+  void MoveRow(int32_t dst, int32_t src);
+  // Makes room for `count` page ids; may reallocate page_table.
+  absl::Status ReservePageTable(int64_t count);
+
+  // Points `work` at the first `rows` rows (append rows = decode rows).
+  void Describe(int32_t rows, BatchWork* work) const;
+
+  const uint16_t* out_row(int32_t row) const;  // [Hq, D] bf16
+  const float* lse_row(int32_t row) const;     // [Hq]
+
+  int32_t* append_layer() { return append_layer_; }
+  int64_t* slot() { return slot_; }
+  int32_t* page_table() { return page_table_; }
+  int64_t* page_table_offset() { return page_table_offset_; }
+  int32_t max_batch_size() const { return max_batch_; }
+
+ private:
+  StagingBuffer(Backend* backend, const ModelShape& model, int32_t max_batch_size);
+
+  Backend* backend_;
+  ModelShape model_;
+  int32_t max_batch_;
+  int64_t index_stride_ = 0;  // Hkv * max_topk int32 per row
+  void* block_ = nullptr;
+  // Row-major [max_batch, ...] arrays carved out of block_ (shapes in decode_params.h).
+  uint16_t* q_ = nullptr;
+  uint16_t* gate_ = nullptr;
+  uint16_t* k_new_ = nullptr;
+  uint16_t* v_new_ = nullptr;
+  int32_t* append_layer_ = nullptr;
+  int64_t* slot_ = nullptr;
+  int32_t* layer_ = nullptr;
+  int32_t* indices_ = nullptr;
+  int64_t* index_offset_ = nullptr;
+  int32_t* topk_ = nullptr;
+  uint8_t* indices_per_kv_head_ = nullptr;
+  int64_t* page_table_offset_ = nullptr;
+  uint16_t* out_ = nullptr;
+  float* lse_ = nullptr;
+  // Separately allocated, grows on demand.
+  int32_t* page_table_ = nullptr;
+  int64_t page_table_capacity_ = 0;
+};
+
+}  // namespace sds::server

@@ -1,0 +1,135 @@
+#include "server/stream_reactor.h"
+
+#include <exception>
+
+#include "server/rpc_util.h"
+#include "spdlog/spdlog.h"
+
+namespace sds::server {
+
+namespace v1 = sparse_decode::v1;
+
+namespace {
+constexpr char kRpc[] = "DecodeStream";
+}  // namespace
+
+DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context, Env env,
+                                         absl::StatusOr<std::string> tenant)
+    : context_(context), env_(std::move(env)) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!tenant.ok()) {
+    env_.metrics->CountRequest(kRpc, tenant.status().code());
+    finished_ = true;
+    reads_done_ = true;
+    Finish(ToGrpc(tenant.status()));
+    return;
+  }
+  tenant_ = *std::move(tenant);
+  reading_ = std::make_unique<v1::DecodeRequest>();
+  StartRead(reading_.get());
+}
+
+void DecodeStreamReactor::OnReadDone(bool ok) {
+  std::shared_ptr<Call> call;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok || finished_) {  // half-close or cancellation
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    call = std::make_shared<Call>();
+    call->request = std::move(*reading_);
+    call->start = Clock::now();
+    ++pending_;
+    if (!drained_) {
+      reading_->Clear();
+      StartRead(reading_.get());
+    }
+  }
+  Submit(std::move(call));  // answered UNAVAILABLE when draining
+}
+
+void DecodeStreamReactor::Submit(std::shared_ptr<Call> call) {
+  absl::Status status;
+  try {
+    if (env_.draining->load()) {
+      status = absl::UnavailableError("server is draining");
+    } else {
+      status =
+          env_.admission->Submit(tenant_, &call->request, &call->response, DeadlineOf(*context_),
+                                 [this, call](const absl::Status& s) { Answer(call, s); });
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("DecodeStream: exception while submitting: {}", e.what());
+    status = absl::InternalError("internal error while queueing the request");
+  }
+  if (!status.ok()) Answer(call, status);
+}
+
+void DecodeStreamReactor::Answer(const std::shared_ptr<Call>& call, const absl::Status& status) {
+  auto response = std::make_unique<v1::DecodeResponse>();
+  if (status.ok()) {
+    *response = std::move(call->response);
+  } else {
+    response->set_request_id(call->request.request_id());
+    response->set_error_code(static_cast<int32_t>(status.code()));
+    response->set_error_message(std::string(status.message()));
+    if (status.code() == absl::StatusCode::kInternal) {
+      spdlog::error("DecodeStream request {} of '{}': {}", call->request.request_id(),
+                    call->request.sequence_id(), status.ToString());
+    }
+  }
+  env_.metrics->CountRequest(kRpc, status.code());
+  env_.metrics->ObserveLatency(kRpc, SecondsSince(call->start));
+
+  std::lock_guard<std::mutex> lock(mu_);
+  --pending_;
+  if (!finished_ && !write_failed_) {
+    writes_.push_back(std::move(response));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(writes_.front().get());
+    }
+  }
+  MaybeFinishLocked();
+}
+
+void DecodeStreamReactor::OnWriteDone(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  writes_.pop_front();
+  if (!ok) {
+    write_failed_ = true;  // the client went away; answers have nowhere to go
+    writes_.clear();
+  }
+  if (!writes_.empty()) {
+    StartWrite(writes_.front().get());
+  } else {
+    writing_ = false;
+  }
+  MaybeFinishLocked();
+}
+
+void DecodeStreamReactor::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drained_ = true;
+  reads_done_ = true;
+  MaybeFinishLocked();
+}
+
+void DecodeStreamReactor::MaybeFinishLocked() {
+  if (finished_ || !reads_done_ || pending_ > 0 || writing_) return;
+  finished_ = true;
+  if (drained_) {
+    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is draining"));
+  } else {
+    Finish(grpc::Status::OK);
+  }
+}
+
+void DecodeStreamReactor::OnDone() {
+  if (env_.on_done) env_.on_done(this);
+  delete this;
+}
+
+}  // namespace sds::server

@@ -1,0 +1,72 @@
+// DecodeStream: a bidi reactor that keeps reading while earlier requests are still in
+// the batcher. Responses are written in completion order (clients match them by
+// request_id); at most one write is outstanding, the rest wait in a small queue.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "server/decode_submit.h"
+#include "server/metrics.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::DecodeRequest,
+                                                           sparse_decode::v1::DecodeResponse> {
+ public:
+  struct Env {
+    const DecodeAdmission* admission = nullptr;
+    Metrics* metrics = nullptr;
+    const std::atomic<bool>* draining = nullptr;
+    std::function<void(DecodeStreamReactor*)> on_done;  // called once, before deletion
+  };
+
+  // Starts reading. When `admit` is not OK the stream finishes with it at once.
+  DecodeStreamReactor(grpc::CallbackServerContext* context, Env env,
+                      absl::StatusOr<std::string> tenant);
+
+  // Stops reading; finishes with UNAVAILABLE ("server is draining") once the requests
+  // already read have been answered.
+  void Drain();
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  struct Call {
+    sparse_decode::v1::DecodeRequest request;
+    sparse_decode::v1::DecodeResponse response;
+    Clock::time_point start;
+  };
+
+  void Submit(std::shared_ptr<Call> call);
+  void Answer(const std::shared_ptr<Call>& call, const absl::Status& status);
+  void MaybeFinishLocked();  // requires mu_
+
+  grpc::CallbackServerContext* const context_;
+  const Env env_;
+  std::string tenant_;
+
+  // The reactions of one call never run inline in the Start* calls, so they may be
+  // issued under mu_; that keeps "no operation after Finish" easy to see.
+  std::mutex mu_;
+  std::unique_ptr<sparse_decode::v1::DecodeRequest> reading_;
+  std::deque<std::unique_ptr<sparse_decode::v1::DecodeResponse>> writes_;
+  int64_t pending_ = 0;  // submitted, not yet answered
+  bool reads_done_ = false;
+  bool writing_ = false;
+  bool write_failed_ = false;
+  bool drained_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace sds::server

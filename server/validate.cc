@@ -1,0 +1,145 @@
+#include "server/validate.h"
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sds::server {
+namespace {
+
+namespace v1 = sparse_decode::v1;
+
+absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+std::string ShapeText(const v1::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::Status CheckDtype(const char* name, const v1::Tensor& t, v1::DType want) {
+  if (t.dtype() != want) {
+    return Bad(absl::StrCat(name, ": dtype must be ", v1::DType_Name(want), ", got ",
+                            v1::DType_Name(t.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBytes(const char* name, const v1::Tensor& t, int64_t elements,
+                        int64_t element_bytes) {
+  const int64_t want = elements * element_bytes;
+  if (static_cast<int64_t>(t.data().size()) != want) {
+    return Bad(absl::StrCat(name, ": data has ", t.data().size(), " bytes, shape ", ShapeText(t),
+                            " needs ", want));
+  }
+  return absl::OkStatus();
+}
+
+// bf16 tensor of exactly `shape`, no NaN or Inf.
+absl::Status CheckBf16(const char* name, const v1::Tensor& t, const std::vector<int64_t>& shape) {
+  if (absl::Status s = CheckDtype(name, t, v1::BF16); !s.ok()) return s;
+  if (!std::equal(t.shape().begin(), t.shape().end(), shape.begin(), shape.end())) {
+    return Bad(absl::StrCat(name, ": shape must be ", ShapeText(shape), ", got ", ShapeText(t)));
+  }
+  int64_t elements = 1;
+  for (int64_t dim : shape) elements *= dim;
+  if (absl::Status s = CheckBytes(name, t, elements, 2); !s.ok()) return s;
+  const char* bytes = t.data().data();
+  for (int64_t i = 0; i < elements; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes + 2 * i, 2);
+    if ((bits & 0x7F80) == 0x7F80) {
+      return Bad(absl::StrCat(name, ": element ", i, " is ", (bits & 0x007F) ? "NaN" : "Inf",
+                              "; inputs must be finite (nothing was stored)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLayer(int32_t layer, const ModelShape& model) {
+  if (layer < 0 || layer >= model.num_layers) {
+    return Bad(absl::StrCat("layer ", layer, " is out of range [0, ", model.num_layers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIndices(const v1::Tensor& t, int64_t position, const ModelShape& model) {
+  if (absl::Status s = CheckDtype("indices", t, v1::INT32); !s.ok()) return s;
+  int64_t k = 0;
+  if (t.shape_size() == 1) {
+    k = t.shape(0);
+  } else if (t.shape_size() == 2 && t.shape(0) == model.num_kv_heads) {
+    k = t.shape(1);
+  } else {
+    return Bad(absl::StrCat("indices: shape must be [K] or [", model.num_kv_heads,
+                            ", K] (one list per KV head), got ", ShapeText(t)));
+  }
+  if (k < 0 || k > model.max_topk) {
+    return Bad(absl::StrCat("indices: K = ", k, " exceeds max_topk ", model.max_topk));
+  }
+  const int64_t count = t.shape_size() == 1 ? k : k * model.num_kv_heads;
+  if (absl::Status s = CheckBytes("indices", t, count, 4); !s.ok()) return s;
+  const char* bytes = t.data().data();
+  for (int64_t i = 0; i < count; ++i) {
+    int32_t index;
+    std::memcpy(&index, bytes + 4 * i, 4);
+    if (index == -1) continue;
+    if (index < 0 || index > position) {
+      return Bad(absl::StrCat("indices: element ", i, " is ", index,
+                              "; each index must be -1 (skip) or a token position in [0, ",
+                              position, "] (the request's position)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateSequenceId(const std::string& id, const char* field) {
+  if (id.empty()) return Bad(absl::StrCat(field, " must not be empty"));
+  if (id.size() > 1024) return Bad(absl::StrCat(field, " is longer than 1024 bytes"));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDecode(const v1::DecodeRequest& request, const ModelShape& model) {
+  if (absl::Status s = ValidateSequenceId(request.sequence_id(), "sequence_id"); !s.ok()) return s;
+  if (absl::Status s = CheckLayer(request.layer(), model); !s.ok()) return s;
+  if (request.position() < 0 || request.position() > INT32_MAX) {
+    return Bad(absl::StrCat("position ", request.position(), " is out of range [0, 2^31)"));
+  }
+  const std::vector<int64_t> q_shape = {model.num_q_heads, model.head_dim};
+  const std::vector<int64_t> kv_shape = {model.num_kv_heads, model.head_dim};
+  if (absl::Status s = CheckBf16("q", request.q(), q_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16("k", request.k(), kv_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16("v", request.v(), kv_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16("gate", request.gate(), q_shape); !s.ok()) return s;
+  return CheckIndices(request.indices(), request.position(), model);
+}
+
+absl::Status ValidateAppend(const v1::AppendKVRequest& request, const ModelShape& model) {
+  if (absl::Status s = ValidateSequenceId(request.sequence_id(), "sequence_id"); !s.ok()) return s;
+  if (absl::Status s = CheckLayer(request.layer(), model); !s.ok()) return s;
+  if (request.start_position() < 0) {
+    return Bad(absl::StrCat("start_position ", request.start_position(), " must be >= 0"));
+  }
+  const v1::Tensor& k = request.k();
+  if (k.shape_size() != 3 || k.shape(0) < 1) {
+    return Bad(absl::StrCat("k: shape must be [n, ", model.num_kv_heads, ", ", model.head_dim,
+                            "] with n >= 1, got ", ShapeText(k)));
+  }
+  const int64_t n = k.shape(0);
+  if (request.start_position() + n > INT32_MAX) {
+    return Bad("start_position + n exceeds 2^31 tokens");
+  }
+  const std::vector<int64_t> shape = {n, model.num_kv_heads, model.head_dim};
+  if (absl::Status s = CheckBf16("k", k, shape); !s.ok()) return s;
+  return CheckBf16("v", request.v(), shape);
+}
+
+}  // namespace sds::server

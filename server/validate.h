@@ -1,0 +1,24 @@
+// Request validation that needs no cache state: dtypes, shapes, byte sizes, layer
+// range, top-K, index ranges and NaN/Inf. Runs before anything is queued; every
+// error is INVALID_ARGUMENT with a message naming the field.
+#pragma once
+
+#include "absl/status/status.h"
+#include "server/model_shape.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+absl::Status ValidateSequenceId(const std::string& id, const char* field);
+absl::Status ValidateDecode(const sparse_decode::v1::DecodeRequest& request,
+                            const ModelShape& model);
+absl::Status ValidateAppend(const sparse_decode::v1::AppendKVRequest& request,
+                            const ModelShape& model);
+
+// True when the index list is [Hkv, K] (one list per KV head) rather than [K].
+// Only meaningful after ValidateDecode succeeded.
+inline bool IndicesPerKvHead(const sparse_decode::v1::Tensor& indices) {
+  return indices.shape_size() == 2;
+}
+
+}  // namespace sds::server

@@ -1,0 +1,47 @@
+// Units of work that travel from the RPC handlers through the batcher to the executor.
+// A work item's request and response live in the RPC's reactor until `done` runs;
+// `done` is called exactly once, from the executor (or the submitting thread when the
+// item never ran), and must not block.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+using Clock = std::chrono::steady_clock;
+
+// One token of one layer: append k/v at `position`, then sparse top-K attention.
+struct DecodeWork {
+  const sparse_decode::v1::DecodeRequest* request = nullptr;
+  // On OK the executor has set request_id, out, lse (when asked) and batch.
+  sparse_decode::v1::DecodeResponse* response = nullptr;
+  std::string key;  // tenant-qualified sequence id (auth.h)
+  Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point enqueued;  // set by the batcher
+  std::function<void(const absl::Status&)> done;
+};
+
+// Prefill: n tokens of one layer, no attention.
+struct AppendWork {
+  const sparse_decode::v1::AppendKVRequest* request = nullptr;
+  std::string key;
+  Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point enqueued;
+  std::function<void(absl::StatusOr<int64_t> length)> done;
+};
+
+// Cache metadata changes (fork, release) that must be ordered with launched batches:
+// they run on the executor thread, between batches, in queue order.
+struct ControlWork {
+  std::function<void()> run;
+  std::function<void(const absl::Status&)> fail;  // instead of run, when stopped
+};
+
+}  // namespace sds::server
