@@ -1,0 +1,77 @@
+// The CPU backend: a PagedKvCache in host memory, CpuAppend then CpuDecode on a
+// persistent thread pool, timed with a steady clock.
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu_append.h"
+#include "kernels/cpu_attention.h"
+#include "kernels/cpu_thread_pool.h"
+#include "server/backend.h"
+
+namespace sds {
+namespace {
+
+constexpr size_t kStagingAlignment = 64;
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend(std::unique_ptr<PagedKvCache> cache, int threads, int32_t num_q_heads)
+      : cache_(std::move(cache)), pool_(threads), num_q_heads_(num_q_heads) {}
+
+  std::string name() const override { return "cpu"; }
+  PagedKvCache& cache() override { return *cache_; }
+
+  void* AllocateStaging(size_t bytes) override {
+    const size_t rounded = (bytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+    return std::aligned_alloc(kStagingAlignment, rounded == 0 ? kStagingAlignment : rounded);
+  }
+  void FreeStaging(void* ptr) override { std::free(ptr); }
+
+  absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
+    const CacheView view = cache_->view();
+    if (work.decode.num_requests > 0 && work.decode.num_q_heads != num_q_heads_) {
+      return absl::InternalError(
+          "CPU backend: decode batch has " + std::to_string(work.decode.num_q_heads) +
+          " query heads, backend was configured for " + std::to_string(num_q_heads_));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    if (work.append.num_tokens > 0) CpuAppend(view, work.append);
+    if (work.decode.num_requests > 0) CpuDecode(view, work.decode, &pool_);
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    if (timing != nullptr) {
+      timing->compute_us = std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<PagedKvCache> cache_;
+  CpuThreadPool pool_;
+  int32_t num_q_heads_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& config) {
+  const int32_t num_kv_heads = config.cache.num_kv_heads;
+  if (config.num_q_heads <= 0 || num_kv_heads <= 0 || config.num_q_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError("num_q_heads (" + std::to_string(config.num_q_heads) +
+                                      ") must be a positive multiple of num_kv_heads (" +
+                                      std::to_string(num_kv_heads) + ")");
+  }
+  if (config.cpu_threads < 0) {
+    return absl::InvalidArgumentError("cpu_threads must be >= 0 (0 = all cores), got " +
+                                      std::to_string(config.cpu_threads));
+  }
+  absl::StatusOr<std::unique_ptr<PagedKvCache>> cache =
+      PagedKvCache::Create(config.cache, MakeHostPageMemory());
+  if (!cache.ok()) return cache.status();
+  return std::unique_ptr<Backend>(
+      new CpuBackend(*std::move(cache), config.cpu_threads, config.num_q_heads));
+}
+
+}  // namespace sds
