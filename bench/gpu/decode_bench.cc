@@ -1,0 +1,327 @@
+// GPU benchmark of the sparse decode and append kernels. Measures a device read pass
+// in the same process, then for each case the median kernel time (CUDA events, warm-up,
+// L2 flushed before every timed launch) and its ratio to the floor
+// (minimum bytes / read-pass bandwidth). Prints a table; exits non-zero on any error.
+//   decode_bench [--case NAME] [--iters N] [--json FILE]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/gpu/bench_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace sds::cudabench {
+namespace {
+
+bool g_failed = false;
+
+void Check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(err));
+  std::exit(2);
+}
+
+void* Alloc(size_t bytes) {
+  void* p = nullptr;
+  Check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+
+template <typename T>
+T* UploadVec(const std::vector<T>& v) {
+  T* p = static_cast<T*>(Alloc(v.size() * sizeof(T) + 16));
+  Check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  return p;
+}
+
+uint16_t Bf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+
+struct Flusher {
+  void* buf = nullptr;
+  size_t bytes = size_t{256} << 20;  // 256 MiB > 50 MB L2
+  Flusher() { buf = Alloc(bytes); }
+  ~Flusher() { cudaFree(buf); }
+  void Run(cudaStream_t s) { Check(cudaMemsetAsync(buf, 0, bytes, s), "flush"); }
+};
+
+// Median of `iters` timed runs of fn (L2 flushed before each), in microseconds.
+template <typename Fn>
+double TimeMedianUs(Fn fn, int iters, Flusher* flush, cudaStream_t s) {
+  cudaEvent_t a, b;
+  Check(cudaEventCreate(&a), "event");
+  Check(cudaEventCreate(&b), "event");
+  for (int i = 0; i < 3; ++i) fn();
+  Check(cudaStreamSynchronize(s), "warm-up");
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    if (flush) flush->Run(s);
+    Check(cudaEventRecord(a, s), "record");
+    fn();
+    Check(cudaEventRecord(b, s), "record");
+    Check(cudaEventSynchronize(b), "sync");
+    float t = 0;
+    Check(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1000.0;
+}
+
+double ReadPassGBs(cudaStream_t s) {
+  const int64_t bytes = int64_t{4} << 30;
+  void* data = Alloc(bytes);
+  Check(cudaMemsetAsync(data, 1, bytes, s), "fill");
+  uint32_t* sink = static_cast<uint32_t*>(Alloc(132 * 8 * 512 * 4));
+  const double us = TimeMedianUs(
+      [&] { Check(ReadPass(data, bytes, sink, 132 * 8, s), "read pass"); }, 10, nullptr, s);
+  cudaFree(data);
+  cudaFree(sink);
+  return bytes / (us * 1e3);
+}
+
+struct Case {
+  std::string name;
+  int batch, hq, hkv, d, page;
+  int64_t seq_len;
+  int topk;
+  ScaleMode mode;
+  double goal_ratio;  // goal on time / floor (0: none)
+  double goal_us;     // goal on absolute time (0: none)
+};
+
+struct Result {
+  double us = 0, floor_us = 0, min_bytes = 0;
+};
+
+Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, cudaStream_t s) {
+  std::mt19937 rng(42);
+  const int64_t pages_per_seq = (c.seq_len + c.page - 1) / c.page;
+  CacheGeometry geo;
+  geo.num_layers = 1;
+  geo.num_kv_heads = c.hkv;
+  geo.head_dim = c.d;
+  geo.page_size = c.page;
+  geo.num_pages = pages_per_seq * c.batch;
+  geo.scale_mode = c.mode;
+  const int64_t elems = geo.LayerElements();
+  CacheView view;
+  view.geo = geo;
+  view.k = static_cast<uint8_t*>(Alloc(elems));
+  view.v = static_cast<uint8_t*>(Alloc(elems));
+  Check(FillFp8(view.k, elems, 1, s), "fill k");
+  Check(FillFp8(view.v, elems, 2, s), "fill v");
+  std::vector<float> layer_scale = {0.05f};
+  float* dls = UploadVec(layer_scale);
+  float *kts = nullptr, *vts = nullptr;
+  if (c.mode == ScaleMode::kPerTokenHead) {
+    std::vector<float> ts(geo.LayerScales());
+    std::uniform_real_distribution<float> u(0.01f, 0.1f);
+    for (auto& x : ts) x = u(rng);
+    kts = UploadVec(ts);
+    vts = UploadVec(ts);
+    view.k_token_scale = kts;
+    view.v_token_scale = vts;
+  } else {
+    view.layer_k_scale = dls;
+    view.layer_v_scale = dls;
+  }
+  // Page tables: a random permutation of all pages. Indices: K distinct positions.
+  std::vector<int32_t> perm(geo.num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> pto(c.batch), io(c.batch);
+  std::vector<int32_t> topk(c.batch, c.topk), layer(c.batch, 0), indices;
+  std::vector<uint8_t> perkv(c.batch, 0);
+  for (int b = 0; b < c.batch; ++b) {
+    pto[b] = b * pages_per_seq;
+    io[b] = static_cast<int64_t>(b) * c.topk;
+    std::vector<int32_t> list;
+    if (c.topk >= c.seq_len) {
+      list.resize(c.seq_len);
+      std::iota(list.begin(), list.end(), 0);
+      std::shuffle(list.begin(), list.end(), rng);
+      list.resize(c.topk, -1);
+    } else {
+      std::vector<char> used(c.seq_len, 0);
+      std::uniform_int_distribution<int64_t> pos(0, c.seq_len - 1);
+      while (static_cast<int>(list.size()) < c.topk) {
+        const int64_t t = pos(rng);
+        if (!used[t]) used[t] = 1, list.push_back(static_cast<int32_t>(t));
+      }
+    }
+    indices.insert(indices.end(), list.begin(), list.end());
+  }
+  const size_t qn = static_cast<size_t>(c.batch) * c.hq * c.d;
+  std::vector<uint16_t> q(qn), gate(qn);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (size_t i = 0; i < qn; ++i) q[i] = Bf16(nd(rng)), gate[i] = Bf16(nd(rng));
+  DecodeBatch batch;
+  batch.num_requests = c.batch;
+  batch.num_q_heads = c.hq;
+  batch.q = UploadVec(q);
+  batch.gate = UploadVec(gate);
+  batch.layer = UploadVec(layer);
+  batch.page_table = UploadVec(perm);
+  batch.page_table_offset = UploadVec(pto);
+  batch.indices = UploadVec(indices);
+  batch.index_offset = UploadVec(io);
+  batch.topk = UploadVec(topk);
+  batch.indices_per_kv_head = UploadVec(perkv);
+  batch.out = static_cast<uint16_t*>(Alloc(qn * 2));
+  batch.lse = nullptr;
+  cuda::DecodeWorkspace ws;
+  ws.capacity_floats = cuda::DecodeWorkspaceFloats(c.batch, c.hq, c.d, c.topk);
+  ws.capacity_counters = cuda::DecodeWorkspaceCounters(c.batch, c.hkv);
+  ws.partial = static_cast<float*>(Alloc(ws.capacity_floats * 4 + 16));
+  ws.counters = static_cast<int32_t*>(Alloc(ws.capacity_counters * 4 + 16));
+  Check(cudaMemset(ws.counters, 0, ws.capacity_counters * 4), "counters");
+  Check(cudaDeviceSynchronize(), "setup");
+
+  Result r;
+  const double valid = static_cast<double>(c.batch) * std::min<int64_t>(c.topk, c.seq_len);
+  const double row_bytes = 2.0 * c.d + (c.mode == ScaleMode::kPerTokenHead ? 8.0 : 0.0);
+  r.min_bytes = valid * c.hkv * row_bytes + 3.0 * qn * 2 + 4.0 * c.batch * c.topk;
+  r.floor_us = r.min_bytes / (read_gbs * 1e3);
+  r.us = TimeMedianUs(
+      [&] {
+        absl::Status st = cuda::LaunchDecode(view, batch, c.topk, ws, s);
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s: %s\n", c.name.c_str(), st.ToString().c_str());
+          std::exit(2);
+        }
+      },
+      iters, flush, s);
+  // Sanity: the output must be finite and not all zero.
+  std::vector<uint16_t> out(qn);
+  Check(cudaMemcpy(out.data(), batch.out, qn * 2, cudaMemcpyDeviceToHost), "download");
+  size_t nonzero = 0, bad = 0;
+  for (uint16_t x : out) {
+    if ((x & 0x7F80) == 0x7F80) ++bad;
+    if (x & 0x7FFF) ++nonzero;
+  }
+  if (bad || nonzero == 0) {
+    std::fprintf(stderr, "%s: bad output (%zu non-finite, %zu non-zero)\n", c.name.c_str(), bad,
+                 nonzero);
+    g_failed = true;
+  }
+  for (const void* p :
+       {static_cast<const void*>(view.k), static_cast<const void*>(view.v),
+        static_cast<const void*>(dls), static_cast<const void*>(kts), static_cast<const void*>(vts),
+        static_cast<const void*>(batch.q), static_cast<const void*>(batch.gate),
+        static_cast<const void*>(batch.layer), static_cast<const void*>(batch.page_table),
+        static_cast<const void*>(batch.page_table_offset), static_cast<const void*>(batch.indices),
+        static_cast<const void*>(batch.index_offset), static_cast<const void*>(batch.topk),
+        static_cast<const void*>(batch.indices_per_kv_head), static_cast<const void*>(batch.out),
+        static_cast<const void*>(ws.partial), static_cast<const void*>(ws.counters)})
+    if (p) cudaFree(const_cast<void*>(p));
+  return r;
+}
+
+double RunAppendCase(int tokens, int hkv, int d, int iters, cudaStream_t s) {
+  CacheGeometry geo{1, hkv, d, 16, 4096, ScaleMode::kPerTensor};
+  CacheView view;
+  view.geo = geo;
+  view.k = static_cast<uint8_t*>(Alloc(geo.LayerElements()));
+  view.v = static_cast<uint8_t*>(Alloc(geo.LayerElements()));
+  std::vector<float> one = {0.05f};
+  float* dls = UploadVec(one);
+  view.layer_k_scale = dls;
+  view.layer_v_scale = dls;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> kn(static_cast<size_t>(tokens) * hkv * d);
+  for (auto& x : kn) x = Bf16(nd(rng));
+  std::vector<int32_t> layer(tokens, 0);
+  std::vector<int64_t> slot(tokens);
+  for (int t = 0; t < tokens; ++t) slot[t] = static_cast<int64_t>(t) * 37 % (4096 * 16);
+  AppendBatch ab{tokens, UploadVec(kn), UploadVec(kn), UploadVec(layer), UploadVec(slot)};
+  const double us = TimeMedianUs(
+      [&] {
+        absl::Status st = cuda::LaunchAppend(view, ab, s);
+        if (!st.ok()) std::exit(2);
+      },
+      iters, nullptr, s);
+  cudaFree(view.k);
+  cudaFree(view.v);
+  return us;
+}
+
+}  // namespace
+}  // namespace sds::cudabench
+
+int main(int argc, char** argv) {
+  using namespace sds::cudabench;
+  using sds::ScaleMode;
+  std::string only;
+  int iters = 30;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  Check(cudaGetDeviceProperties(&prop, 0), "properties");
+  cudaStream_t s;
+  Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  const double read_gbs = ReadPassGBs(s);
+  std::printf("device: %s, %d SMs, L2 %d MB; read pass %.0f GB/s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, read_gbs);
+  const std::vector<Case> cases = {
+      {"seed", 256, 32, 8, 128, 16, 512, 512, ScaleMode::kPerTensor, 1.15, 0},
+      {"seed_tokenhead", 256, 32, 8, 128, 16, 512, 512, ScaleMode::kPerTokenHead, 1.15, 0},
+      {"b64_k2048_32k", 64, 32, 8, 128, 16, 32768, 2048, ScaleMode::kPerTensor, 1.15, 0},
+      {"b128_64x8_k2048", 128, 64, 8, 128, 16, 8192, 2048, ScaleMode::kPerTensor, 1.2, 0},
+      {"b1_k2048_128k", 1, 32, 8, 128, 16, 131072, 2048, ScaleMode::kPerTensor, 0, 10},
+      {"b8_k2048_128k", 8, 32, 8, 128, 16, 131072, 2048, ScaleMode::kPerTensor, 0, 15},
+  };
+  Flusher flush;
+  std::vector<std::string> lines;
+  char line[256];
+  for (const Case& c : cases) {
+    if (!only.empty() && only != c.name) continue;
+    const Result r = RunDecodeCase(c, read_gbs, iters, &flush, s);
+    const double ratio = r.us / r.floor_us;
+    const bool ok = c.goal_ratio > 0 ? ratio <= c.goal_ratio : r.us <= c.goal_us;
+    if (!(r.us > 0)) g_failed = true;
+    std::snprintf(line, sizeof line, "%-18s %10.1f %10.1f %8.3f %9.1f  %-10s %s", c.name.c_str(),
+                  r.us, r.floor_us, ratio, r.min_bytes / 1e6,
+                  c.goal_ratio > 0
+                      ? ("<=" + std::to_string(c.goal_ratio).substr(0, 4) + "x").c_str()
+                      : ("<=" + std::to_string(static_cast<int>(c.goal_us)) + "us").c_str(),
+                  ok ? "met" : "MISSED");
+    lines.push_back(line);
+    std::printf("%s\n", line);
+    std::fflush(stdout);
+  }
+  if (only.empty() || only == "append") {
+    const double us = RunAppendCase(256, 8, 128, iters, s);
+    if (!(us > 0)) g_failed = true;
+    std::snprintf(line, sizeof line, "%-18s %10.1f %10s %8s %9.1f  %-10s %s", "append_256tok", us,
+                  "-", "-", 256.0 * 8 * 128 * 2 * 3 / 1e6, "<5us", us < 5 ? "met" : "MISSED");
+    lines.push_back(line);
+  }
+  Check(cudaDeviceSynchronize(), "final");
+  std::printf("\n%-18s %10s %10s %8s %9s  %-10s %s\n", "case", "time_us", "floor_us", "ratio",
+              "min_MB", "goal", "status");
+  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+  std::printf("read pass %.0f GB/s on %s\n", read_gbs, prop.name);
+  return g_failed ? 1 : 0;
+}

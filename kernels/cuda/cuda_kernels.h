@@ -1,0 +1,46 @@
+// Public API of the CUDA kernels: batched append (bf16 -> FP8 paged cache) and batched
+// sparse top-K GQA decode with fused sigmoid gate. All pointers inside CacheView,
+// AppendBatch and DecodeBatch must be device pointers (layer scale arrays included).
+// Calls only enqueue work on `stream`; errors carry the failing step's name.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "kernels/decode_params.h"
+
+namespace sds::cuda {
+
+// absl::Status from a CUDA error code: INTERNAL "<what>: <cuda error name>: <text>".
+absl::Status CudaCall(cudaError_t err, std::string_view what);
+
+// INVALID_ARGUMENT unless head_dim is 64/128/256, Hq is a multiple of Hkv with
+// G = Hq / Hkv in 1..16, and the cache's rows per layer fit in int32.
+absl::Status CheckDecodeShape(int32_t num_q_heads, const CacheGeometry& geo);
+
+// Split-K scratch of LaunchDecode; device memory owned by the caller.
+struct DecodeWorkspace {
+  float* partial = nullptr;  // [capacity_floats]
+  int64_t capacity_floats = 0;
+  int32_t* counters = nullptr;  // [capacity_counters], zeroed once before first use
+  int64_t capacity_counters = 0;
+};
+
+// Chunks (CTAs per (request, KV head)) for a list of `topk` indices: ceil(topk / 512), >= 1.
+int32_t DecodeChunks(int32_t topk);
+// Workspace sizes for `num_requests` requests of at most `max_topk` indices per list.
+int64_t DecodeWorkspaceFloats(int32_t num_requests, int32_t num_q_heads, int32_t head_dim,
+                              int32_t max_topk);
+int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads);
+
+// One launch for the whole batch. `max_topk` is the largest batch.topk[b] (host value).
+absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
+                          const DecodeWorkspace& workspace, cudaStream_t stream);
+
+// One launch quantising every row of `append` into the cache (both scale modes).
+absl::Status LaunchAppend(const CacheView& cache, const AppendBatch& append, cudaStream_t stream);
+
+}  // namespace sds::cuda

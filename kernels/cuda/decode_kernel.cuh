@@ -1,0 +1,508 @@
+// Sparse top-K GQA decode over the paged FP8 cache, one CTA per (request, KV head,
+// 512-token chunk). Every selected K/V row is copied from HBM into shared memory once
+// (cp.async, a 4-stage ring per warp) and serves all G query heads of its KV head
+// through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
+//   QK: S^T[16 heads x 8 tokens] += Q[16 heads x 16 d] * K^T[16 d x 8 tokens]
+//   PV: O[16 heads x 8 d]        += P[16 heads x 16 tokens] * V[16 tokens x 8 d]
+// The QK accumulator layout is the PV A-operand layout, so P never leaves registers.
+// Online softmax in base 2. In per_token_head mode the V scale is folded into the
+// exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
+// A request with several chunks writes f32 partials; the last CTA of its (request,
+// KV head) to finish merges them in chunk order, so results are bitwise independent
+// of the batch.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/decode_params_cuda.h"
+#include "kernels/cuda/device_utils.cuh"
+
+namespace sds::cuda {
+
+template <int D, bool kPerToken>
+struct DecodeTile {
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim");
+  static constexpr int kStages = D == 256 ? 2 : 4;
+  static constexpr int kRowChunks = D / 16;                      // 16-byte pieces of a row
+  static constexpr int kStageBytes = 2 * kDecodeStepTokens * D;  // K rows, then V rows
+  static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
+  static constexpr int kKSteps = D / 16;  // QK MMA k-steps
+  static constexpr int kPvTiles = D / 8;  // PV MMA n-tiles
+  static constexpr int kQFragBytes = kKSteps * 32 * 16;
+  static constexpr int kTableBytes = kDecodeChunkTokens * 4;
+  // Shared memory map (bytes).
+  static constexpr int kQFragOffset = kRingBytes;                 // uint4 [kKSteps][32]
+  static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;  // int32 [chunk]
+  static constexpr int kKfOffset = kRowsOffset + kTableBytes;     // float [chunk]
+  static constexpr int kVlOffset = kKfOffset + (kPerToken ? kTableBytes : 0);  // float [chunk]
+  static constexpr int kStatsOffset = kVlOffset + (kPerToken ? kTableBytes : 0);
+  static constexpr int kStatsBytes = kDecodeWarps * kDecodeMaxGroup * 4 * 4;  // [warp][16][4]
+  static constexpr int kHeadOffset = kStatsOffset + kStatsBytes;  // float [16][4 + warps]
+  static constexpr int kHeadBytes = kDecodeMaxGroup * (4 + kDecodeWarps) * 4;
+  static constexpr int kMiscOffset = kHeadOffset + kHeadBytes;  // 8 words
+  static constexpr int kSmemBytes = kMiscOffset + 32;
+  // Scratch reused from the ring after the main loop: [warps][16][D] f32 per-warp outputs.
+  static_assert(kDecodeWarps * kDecodeMaxGroup * D * 4 <= kRingBytes, "scratch");
+  static_assert(kDecodeMaxGroup * D * 2 <= kRingBytes, "q staging");
+
+  // 16-byte piece `chunk` of ring row `row`, XOR-swizzled against bank conflicts.
+  __device__ static __forceinline__ int Piece(int row, int chunk) {
+    constexpr int kMask = kRowChunks >= 8 ? 7 : kRowChunks - 1;
+    return row * D + ((chunk ^ (row & kMask)) << 4);
+  }
+};
+
+__device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
+template <int D, int kRows, bool kPerToken>
+__global__ void __launch_bounds__(kDecodeThreads) SparseDecodeKernel(const DecodeParams p) {
+  using T = DecodeTile<D, kPerToken>;
+  constexpr int kChunk = kDecodeChunkTokens;
+  constexpr int kR = kRows / 8;  // accumulator rows per thread (1 or 2)
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int kvh = blockIdx.x;
+  const int chunk = blockIdx.y;
+  const int b = blockIdx.z;
+  const int topk = p.topk[b];
+  const int num_chunks = topk > kChunk ? (topk + kChunk - 1) / kChunk : 1;
+  if (chunk >= num_chunks) return;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int grp = lane >> 2, tig = lane & 3;
+  const int G = p.group;
+  const int hkv = p.num_kv_heads;
+  const int layer = p.layer[b];
+  const int begin = chunk * kChunk;
+  const int count = max(0, min(kChunk, topk - begin));
+
+  int32_t* rows = reinterpret_cast<int32_t*>(smem + T::kRowsOffset);
+  float* kf_tab = reinterpret_cast<float*>(smem + T::kKfOffset);
+  float* vl_tab = reinterpret_cast<float*>(smem + T::kVlOffset);
+  float* stats = reinterpret_cast<float*>(smem + T::kStatsOffset);
+  float* head = reinterpret_cast<float*>(smem + T::kHeadOffset);
+  float* misc = reinterpret_cast<float*>(smem + T::kMiscOffset);
+  uint4* qfrag = reinterpret_cast<uint4*>(smem + T::kQFragOffset);
+
+  // ---- 1. Q of the G query heads of this KV head: max |q| and f16 MMA fragments. ----
+  const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + static_cast<int64_t>(kvh) * G;
+  {
+    const uint16_t* qg = p.q + head0 * D;  // [G, D] bf16
+    uint16_t* qstage = reinterpret_cast<uint16_t*>(smem);
+    float local_max = 0.0f;
+    for (int e = tid * 8; e < G * D; e += kDecodeThreads * 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(qg + e);
+      *reinterpret_cast<uint4*>(qstage + e) = raw;
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        local_max = fmaxf(local_max, fabsf(__uint_as_float(w[i] << 16)));
+        local_max = fmaxf(local_max, fabsf(__uint_as_float(w[i] & 0xffff0000u)));
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      local_max = fmaxf(local_max, __shfl_xor_sync(0xffffffffu, local_max, o));
+    if (lane == 0) misc[warp] = local_max;
+    __syncthreads();
+    float qmax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) qmax = fmaxf(qmax, misc[w]);
+    // q * 2^(15 - e) < 2^15 fits f16; scores are scaled back by 2^(e - 15).
+    int e2 = 0;
+    if (qmax > 0.0f) frexpf(qmax, &e2);
+    const float qscale = qmax > 0.0f ? ldexpf(1.0f, 15 - e2) : 1.0f;
+    const float qinv = qmax > 0.0f ? ldexpf(1.0f, e2 - 15) : 1.0f;
+    auto qh = [&](int g, int d) {
+      return g < G ? __uint_as_float(static_cast<uint32_t>(qstage[g * D + d]) << 16) * qscale
+                   : 0.0f;
+    };
+    for (int e = tid; e < T::kKSteps * 32; e += kDecodeThreads) {
+      const int ks = e >> 5, ln = e & 31, g0 = ln >> 2, d0 = (ln & 3) * (D / 4) + 4 * ks;
+      uint4 f;
+      f.x = PackHalf2(qh(g0, d0), qh(g0, d0 + 1));
+      f.y = PackHalf2(qh(g0 + 8, d0), qh(g0 + 8, d0 + 1));
+      f.z = PackHalf2(qh(g0, d0 + 2), qh(g0, d0 + 3));
+      f.w = PackHalf2(qh(g0 + 8, d0 + 2), qh(g0 + 8, d0 + 3));
+      qfrag[e] = f;
+    }
+    if (tid == 0) misc[4] = qinv;
+  }
+
+  __syncthreads();
+
+  // ---- 2. Resolve this chunk's indices to cache rows (and per-token scales). ----
+  const float qinv = misc[4];
+  const int64_t scale_base = static_cast<int64_t>(layer) * p.layer_scales;
+  {
+    const int32_t* list = p.indices + p.index_offset[b] +
+                          (p.indices_per_kv_head[b] ? static_cast<int64_t>(kvh) * topk : 0) + begin;
+    const int32_t* pages = p.page_table + p.page_table_offset[b];
+    constexpr int kPer = kChunk / kDecodeThreads;
+    int32_t t[kPer], page[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int i = tid + u * kDecodeThreads;
+      t[u] = i < count ? list[i] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) page[u] = t[u] >= 0 ? pages[t[u] >> p.page_shift] : -1;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int i = tid + u * kDecodeThreads;
+      const int32_t row =
+          page[u] >= 0 ? (page[u] * p.page_size + (t[u] & (p.page_size - 1))) * hkv + kvh : -1;
+      rows[i] = row;
+      if constexpr (kPerToken) {
+        const float ks = row >= 0 ? p.k_token_scale[scale_base + row] : 0.0f;
+        const float vs = row >= 0 ? p.v_token_scale[scale_base + row] : 1.0f;
+        kf_tab[i] = ks * p.score_scale_log2 * qinv;
+        vl_tab[i] = log2f(vs);
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- 3. Main loop: each warp runs its own cp.async ring over steps warp, warp+4, ... ----
+  const int num_steps = (count + kDecodeStepTokens - 1) / kDecodeStepTokens;
+  const int my_steps = warp < num_steps ? (num_steps - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  uint8_t* ring = smem + warp * T::kStages * T::kStageBytes;
+  const int64_t elem_base = static_cast<int64_t>(layer) * p.layer_elements;
+  const uint8_t* kbase = p.k + elem_base;
+  const uint8_t* vbase = p.v + elem_base;
+  const float kf_const = kPerToken ? 0.0f : p.layer_k_scale[layer] * p.score_scale_log2 * qinv;
+
+  auto issue = [&](int i) {
+    const int step = warp + kDecodeWarps * i;
+    uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
+#pragma unroll
+    for (int it = 0; it < T::kRowChunks / 2; ++it) {
+      const int e = lane + 32 * it;
+      const int r = e / T::kRowChunks, c = e % T::kRowChunks;
+      const int32_t row = rows[step * kDecodeStepTokens + r];
+      const bool valid = row >= 0;
+      const int64_t off = valid ? static_cast<int64_t>(row) * D + c * 16 : 0;
+      const int piece = T::Piece(r, c);
+      CpAsync16(SmemAddress(st + piece), kbase + off, valid);
+      CpAsync16(SmemAddress(st + kDecodeStepTokens * D + piece), vbase + off, valid);
+    }
+  };
+
+  float o[T::kPvTiles][2 * kR];
+#pragma unroll
+  for (int j = 0; j < T::kPvTiles; ++j)
+#pragma unroll
+    for (int c = 0; c < 2 * kR; ++c) o[j][c] = 0.0f;
+  float m_s[kR], m_u[kR], l_s[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
+
+#pragma unroll
+  for (int i = 0; i < T::kStages - 1; ++i) {
+    if (i < my_steps) issue(i);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < my_steps; ++i) {
+    if (i + T::kStages - 1 < my_steps) issue(i + T::kStages - 1);
+    CpAsyncCommit();
+    CpAsyncWait<T::kStages - 1>();
+    __syncwarp();
+    const uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
+    const int tok0 = (warp + kDecodeWarps * i) * kDecodeStepTokens;
+
+    // QK^T for tokens tok0 + nt * 8 + n (n = grp holds the K row in the B operand).
+    float s[2][4];
+    {
+      uint32_t kw[2][T::kKSteps];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int r = nt * 8 + grp;
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) {
+          const uint4 v = LoadShared16(st + T::Piece(r, tig * (D / 64) + c));
+          kw[nt][4 * c + 0] = v.x;
+          kw[nt][4 * c + 1] = v.y;
+          kw[nt][4 * c + 2] = v.z;
+          kw[nt][4 * c + 3] = v.w;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] = 0.0f;
+      }
+#pragma unroll
+      for (int ks = 0; ks < T::kKSteps; ++ks) {
+        const uint4 a = qfrag[ks * 32 + lane];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          uint32_t b0, b1;
+          Fp8x4ToHalf2x2(kw[nt][ks], b0, b1);
+          if constexpr (kRows == 16) {
+            MmaF16(s[nt], a.x, a.y, a.z, a.w, b0, b1);
+          } else {
+            MmaF16(s[nt], a.x, 0u, a.z, 0u, b0, b1);
+          }
+        }
+      }
+    }
+
+    // Scale to log2 units, mask skipped tokens, online softmax per head row.
+    float kf[2][2], vl[2][2];
+    bool valid[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int j = tok0 + nt * 8 + 2 * tig;
+      const int2 rr = *reinterpret_cast<const int2*>(rows + j);
+      valid[nt][0] = rr.x >= 0;
+      valid[nt][1] = rr.y >= 0;
+      if constexpr (kPerToken) {
+        const float2 kk = *reinterpret_cast<const float2*>(kf_tab + j);
+        const float2 vv = *reinterpret_cast<const float2*>(vl_tab + j);
+        kf[nt][0] = kk.x, kf[nt][1] = kk.y, vl[nt][0] = vv.x, vl[nt][1] = vv.y;
+      } else {
+        kf[nt][0] = kf[nt][1] = kf_const;
+        vl[nt][0] = vl[nt][1] = 0.0f;
+      }
+    }
+    float pr[2][4];  // P (f32) in the QK accumulator layout
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      float sv[2][2], uv[2][2];
+      float mx = NegInf(), mxu = NegInf();
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          sv[nt][e] = valid[nt][e] ? s[nt][2 * r + e] * kf[nt][e] : NegInf();
+          uv[nt][e] = sv[nt][e] + vl[nt][e];
+          mx = fmaxf(mx, sv[nt][e]);
+          mxu = fmaxf(mxu, uv[nt][e]);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_s[r], mx);
+      const float base = m_new == NegInf() ? 0.0f : m_new;
+      const float alpha = FastExp2(m_s[r] - base);
+      m_s[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float ps = FastExp2(sv[nt][e] - base);
+          sum += ps;
+          pr[nt][2 * r + e] = ps;
+        }
+      l_s[r] = l_s[r] * alpha + sum;
+      float alpha_o = alpha;
+      if constexpr (kPerToken) {
+        mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 1));
+        mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 2));
+        const float mu_new = fmaxf(m_u[r], mxu);
+        const float base_u = mu_new == NegInf() ? 0.0f : mu_new;
+        alpha_o = FastExp2(m_u[r] - base_u);
+        m_u[r] = mu_new;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - base_u);
+      }
+#pragma unroll
+      for (int j = 0; j < T::kPvTiles; ++j) {
+        o[j][2 * r] *= alpha_o;
+        o[j][2 * r + 1] *= alpha_o;
+      }
+    }
+    const uint32_t pa0 = PackHalf2(pr[0][0], pr[0][1]);
+    const uint32_t pa2 = PackHalf2(pr[1][0], pr[1][1]);
+    const uint32_t pa1 = kRows == 16 ? PackHalf2(pr[0][2], pr[0][3]) : 0u;
+    const uint32_t pa3 = kRows == 16 ? PackHalf2(pr[1][2], pr[1][3]) : 0u;
+
+    // PV: thread (grp, tig) feeds V rows 2tig, 2tig+1, 2tig+8, 2tig+9 at d = grp*D/8 + j.
+    {
+      const uint8_t* vs = st + kDecodeStepTokens * D;
+      constexpr int kWords = D / 32;  // 32-bit words per thread per row
+      uint32_t w[4][kWords];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = 2 * tig + (q & 1) + (q >> 1) * 8;
+        if constexpr (D == 64) {
+          const uint2 v =
+              *reinterpret_cast<const uint2*>(vs + T::Piece(r, grp >> 1) + (grp & 1) * 8);
+          w[q][0] = v.x;
+          w[q][1] = v.y;
+        } else {
+#pragma unroll
+          for (int c = 0; c < D / 128; ++c) {
+            const uint4 v = LoadShared16(vs + T::Piece(r, grp * (D / 128) + c));
+            w[q][4 * c + 0] = v.x;
+            w[q][4 * c + 1] = v.y;
+            w[q][4 * c + 2] = v.z;
+            w[q][4 * c + 3] = v.w;
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) {
+        uint32_t b0[4], b1[4];
+        Fp8x4ToHalf2x2(__byte_perm(w[0][k], w[1][k], 0x5140), b0[0], b0[1]);
+        Fp8x4ToHalf2x2(__byte_perm(w[0][k], w[1][k], 0x7362), b0[2], b0[3]);
+        Fp8x4ToHalf2x2(__byte_perm(w[2][k], w[3][k], 0x5140), b1[0], b1[1]);
+        Fp8x4ToHalf2x2(__byte_perm(w[2][k], w[3][k], 0x7362), b1[2], b1[3]);
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          float* oj = o[4 * k + x];
+          float c[4] = {oj[0], oj[1], kRows == 16 ? oj[2 % (2 * kR)] : 0.0f,
+                        kRows == 16 ? oj[3 % (2 * kR)] : 0.0f};
+          MmaF16(c, pa0, pa1, pa2, pa3, b0[x], b1[x]);
+          oj[0] = c[0];
+          oj[1] = c[1];
+          if constexpr (kRows == 16) {
+            oj[2 % (2 * kR)] = c[2];
+            oj[3 % (2 * kR)] = c[3];
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
+  CpAsyncWait<0>();
+
+  // ---- 4. Merge the 4 warps (fixed order) through shared memory. ----
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 1);
+    l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 2);
+    if constexpr (!kPerToken) m_u[r] = m_s[r];
+  }
+  __syncthreads();  // every warp is done with the ring: reuse it as scratch
+  float* ow = reinterpret_cast<float*>(smem);  // [warps][G][D]
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int g = grp + 8 * r;
+    if (g < G) {
+      float* dst = ow + (warp * G + g) * D;
+#pragma unroll
+      for (int j = 0; j < T::kPvTiles; ++j) {
+        dst[2 * tig * (D / 8) + j] = o[j][2 * r];
+        dst[(2 * tig + 1) * (D / 8) + j] = o[j][2 * r + 1];
+      }
+      if (tig == 0) {
+        float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
+        sp[0] = m_s[r];
+        sp[1] = m_u[r];
+        sp[2] = l_s[r];
+      }
+    }
+  }
+  __syncthreads();
+  // head[g]: {max_s, max_u, l, unused, factor of warp 0..3}
+  if (tid < G) {
+    const int g = tid;
+    float ms = NegInf(), mu = NegInf();
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      ms = fmaxf(ms, stats[(w * kDecodeMaxGroup + g) * 4 + 0]);
+      mu = fmaxf(mu, stats[(w * kDecodeMaxGroup + g) * 4 + 1]);
+    }
+    const float bs = ms == NegInf() ? 0.0f : ms, bu = mu == NegInf() ? 0.0f : mu;
+    float l = 0.0f;
+    float* hp = head + g * (4 + kDecodeWarps);
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float* sp = stats + (w * kDecodeMaxGroup + g) * 4;
+      l += sp[2] * FastExp2(sp[0] - bs);
+      hp[4 + w] = FastExp2(sp[1] - bu);
+    }
+    hp[0] = ms;
+    hp[1] = mu;
+    hp[2] = l;
+  }
+  __syncthreads();
+
+  const float v_layer = kPerToken ? 1.0f : p.layer_v_scale[layer];
+  // Writes the gated bf16 output and lse of head g from merged (unnormalised) values.
+  auto finish = [&](int g, int d, float val, float ms, float mu, float l) {
+    float res = 0.0f;
+    if (l > 0.0f) res = val * (FastExp2(mu - ms) * v_layer / l);
+    const int64_t at = (head0 + g) * D + d;
+    const float gate = __uint_as_float(static_cast<uint32_t>(p.gate[at]) << 16);
+    p.out[at] = __bfloat16_as_ushort(__float2bfloat16_rn(res * Sigmoid(gate)));
+    if (d == 0 && p.lse != nullptr)
+      p.lse[head0 + g] = l > 0.0f ? (ms + log2f(l)) * 0.69314718055994531f : NegInf();
+  };
+
+  if (num_chunks == 1) {
+    for (int e = tid; e < G * D; e += kDecodeThreads) {
+      const int g = e / D, d = e % D;
+      const float* hp = head + g * (4 + kDecodeWarps);
+      float val = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) val += ow[(w * G + g) * D + d] * hp[4 + w];
+      finish(g, d, val, hp[0], hp[1], hp[2]);
+    }
+    return;
+  }
+
+  // ---- 5. Split-K: write this chunk's partial; the last chunk CTA merges in order. ----
+  const int64_t pair = static_cast<int64_t>(b) * hkv + kvh;
+  float* po = p.partial_o + (pair * p.max_chunks) * G * D;                      // [chunks][G][D]
+  float* ps = p.partial_stats + (pair * p.max_chunks) * G * kDecodeStatFloats;  // [chunks][G][4]
+  for (int e = tid; e < G * D; e += kDecodeThreads) {
+    const int g = e / D, d = e % D;
+    const float* hp = head + g * (4 + kDecodeWarps);
+    float val = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) val += ow[(w * G + g) * D + d] * hp[4 + w];
+    po[static_cast<int64_t>(chunk) * G * D + e] = val;
+  }
+  if (tid < G) {
+    const float* hp = head + tid * (4 + kDecodeWarps);
+    float* sp = ps + (chunk * G + tid) * kDecodeStatFloats;
+    sp[0] = hp[0];
+    sp[1] = hp[1];
+    sp[2] = hp[2];
+    sp[3] = 0.0f;
+  }
+  __threadfence();
+  __syncthreads();
+  int* last_flag = reinterpret_cast<int*>(misc + 5);
+  if (tid == 0) *last_flag = atomicAdd(p.counters + pair, 1) == num_chunks - 1;
+  __syncthreads();
+  if (!*last_flag) return;
+  __threadfence();
+  // Merge factors per (head, chunk) in the (now idle) ring: cf[g][c].
+  float* cf = reinterpret_cast<float*>(smem);
+  float* hm = cf + kDecodeMaxGroup * num_chunks;  // [G][4]: ms, mu, l
+  if (tid < G) {
+    const int g = tid;
+    float ms = NegInf(), mu = NegInf();
+    for (int c = 0; c < num_chunks; ++c) {
+      ms = fmaxf(ms, __ldcg(ps + (c * G + g) * kDecodeStatFloats + 0));
+      mu = fmaxf(mu, __ldcg(ps + (c * G + g) * kDecodeStatFloats + 1));
+    }
+    const float bs = ms == NegInf() ? 0.0f : ms, bu = mu == NegInf() ? 0.0f : mu;
+    float l = 0.0f;
+    for (int c = 0; c < num_chunks; ++c) {
+      const float* sp = ps + (c * G + g) * kDecodeStatFloats;
+      l += __ldcg(sp + 2) * FastExp2(__ldcg(sp) - bs);
+      cf[g * num_chunks + c] = FastExp2(__ldcg(sp + 1) - bu);
+    }
+    hm[g * 4 + 0] = ms;
+    hm[g * 4 + 1] = mu;
+    hm[g * 4 + 2] = l;
+  }
+  __syncthreads();
+  for (int e = tid; e < G * D; e += kDecodeThreads) {
+    const int g = e / D, d = e % D;
+    float val = 0.0f;
+    for (int c = 0; c < num_chunks; ++c)
+      val += __ldcg(po + static_cast<int64_t>(c) * G * D + e) * cf[g * num_chunks + c];
+    finish(g, d, val, hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);
+  }
+  if (tid == 0) p.counters[pair] = 0;
+}
+
+}  // namespace sds::cuda

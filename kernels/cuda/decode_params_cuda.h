@@ -1,0 +1,61 @@
+// Plain parameter struct of the CUDA sparse decode kernel (device pointers) and its
+// fixed tiling constants. Built by decode.cu from a CacheView + DecodeBatch.
+#pragma once
+
+#include <cstdint>
+
+namespace sds::cuda {
+
+// Tokens of one request (one index list) handled by one CTA. Fixed, so the split of
+// the K dimension depends on the request alone (batch invariance).
+inline constexpr int kDecodeChunkTokens = 512;
+inline constexpr int kDecodeWarps = 4;
+inline constexpr int kDecodeThreads = kDecodeWarps * 32;
+inline constexpr int kDecodeStepTokens = 16;  // tokens per warp step (one MMA K-tile)
+inline constexpr int kDecodeMaxGroup = 16;    // query heads per KV head (MMA M = 16)
+inline constexpr int kDecodeStatFloats = 4;   // per (chunk, head): max_s, max_u, l, pad
+
+struct DecodeParams {
+  // Cache. k, v: [L, P, page_size, Hkv, D] FP8 bytes.
+  const uint8_t* k;
+  const uint8_t* v;
+  // k_token_scale, v_token_scale: [L, P, page_size, Hkv] float (per_token_head mode).
+  const float* k_token_scale;
+  const float* v_token_scale;
+  // layer_k_scale, layer_v_scale: [L] float (per_tensor mode).
+  const float* layer_k_scale;
+  const float* layer_v_scale;
+  int64_t layer_elements;  // P * page_size * Hkv * D
+  int64_t layer_scales;    // P * page_size * Hkv
+  int32_t num_kv_heads;    // Hkv
+  int32_t page_size;       // power of two
+  int32_t page_shift;      // log2(page_size)
+
+  // Batch.
+  int32_t num_q_heads;  // Hq
+  int32_t group;        // G = Hq / Hkv, 1..16
+  // q, gate: [B, Hq, D] bf16 bits.
+  const uint16_t* q;
+  const uint16_t* gate;
+  const int32_t* layer;                // [B]
+  const int32_t* page_table;           // flat; request b's page j at [page_table_offset[b] + j]
+  const int64_t* page_table_offset;    // [B]
+  const int32_t* indices;              // flat; [K_b] or [Hkv, K_b] from index_offset[b]
+  const int64_t* index_offset;         // [B]
+  const int32_t* topk;                 // [B]
+  const uint8_t* indices_per_kv_head;  // [B]
+  uint16_t* out;                       // [B, Hq, D] bf16 bits
+  float* lse;                          // [B, Hq] or nullptr
+
+  // Split-K workspace (used when a request has more than one chunk).
+  // partial_o: [B, Hkv, max_chunks, G, D] f32 unnormalised outputs.
+  float* partial_o;
+  // partial_stats: [B, Hkv, max_chunks, G, kDecodeStatFloats] f32.
+  float* partial_stats;
+  // counters: [B, Hkv] int32, zero between launches (the last CTA resets its counter).
+  int32_t* counters;
+  int32_t max_chunks;
+  float score_scale_log2;  // log2(e) / sqrt(D)
+};
+
+}  // namespace sds::cuda

@@ -1,0 +1,64 @@
+// Small device helpers for the sm_90a kernels: FP8 pair conversion, the m16n8k16 f16
+// tensor-core MMA, 16-byte cp.async with zero fill, and fast base-2 exponentials.
+#pragma once
+
+#include <cstdint>
+
+namespace sds::cuda {
+
+// Four E4M3 bytes (one 32-bit word, byte 0 lowest) -> two f16x2 words:
+// lo = {byte0, byte1}, hi = {byte2, byte3} (the lower byte lands in the lower half).
+__device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  asm("{\n\t.reg .b16 l, h;\n\t"
+      "mov.b32 {l, h}, %2;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+}
+
+// Two f32 -> one f16x2 word (round to nearest even), `first` in the lower half.
+__device__ __forceinline__ uint32_t PackHalf2(float first, float second) {
+  uint32_t out;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(second), "f"(first));
+  return out;
+}
+
+// c[4] += A(16x16, row) * B(16x8, col); f16 inputs, f32 accumulators.
+__device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// 16-byte global -> shared copy that bypasses L1; fills zeros when !valid.
+__device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* global, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr),
+               "l"(global), "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// 2^x with the MUFU approximation (relative error ~2^-22); 2^-inf = 0.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint4 LoadShared16(const uint8_t* ptr) {
+  return *reinterpret_cast<const uint4*>(ptr);
+}
+
+}  // namespace sds::cuda

@@ -1,0 +1,23 @@
+// Raw kernel launchers (no absl in .cu translation units). decode.cc validates the
+// shapes, builds the parameter structs and turns the cudaError_t into an absl::Status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/decode_params_cuda.h"
+#include "kernels/decode_params.h"
+
+namespace sds::cuda {
+
+// Enqueues the sparse decode kernel: grid (Hkv, max_chunks, B). head_dim 64/128/256,
+// group 1..16 (checked by the caller). Returns cudaGetLastError() after the launch.
+cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
+                                bool per_token_head, cudaStream_t stream);
+
+// Enqueues the append kernel (one warp per (token, KV head, K|V) row). cache and
+// append hold device pointers; head_dim 64/128/256.
+cudaError_t EnqueueAppend(const CacheView& cache, const AppendBatch& append, cudaStream_t stream);
+
+}  // namespace sds::cuda

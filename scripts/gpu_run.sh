@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The whole GPU run, on the GPU machine, from the repo root with ./gpu_bundle carried:
+# GPU tests, the same tests under compute-sanitizer memcheck (zero errors required),
+# the benchmark table, and ncu dram__bytes_read.sum of the seed case. Logs under $OUT.
+#   bash scripts/gpu_run.sh [--quick]   (--quick: skip memcheck)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_run_out}
+mkdir -p "$OUT"
+B=gpu_bundle
+export LD_LIBRARY_PATH=$PWD/$B/lib:${LD_LIBRARY_PATH:-}
+quick=0
+[[ ${1:-} == --quick ]] && quick=1
+status=0
+summary=()
+
+date -u | tee "$OUT/run_info.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv |
+  tee -a "$OUT/run_info.txt"
+
+echo "== GPU tests"
+$B/bin/sds_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
+rc=$?
+tail -n 30 "$OUT/gpu_tests.log"
+summary+=("gpu tests: rc=$rc ($(grep -cE '^\[       OK \]|^\[  PASSED' "$OUT/gpu_tests.log") ok lines)")
+[[ $rc -eq 0 ]] || status=1
+
+if [[ $quick -eq 0 ]]; then
+  echo "== compute-sanitizer memcheck"
+  compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    $B/bin/sds_gpu_tests --gtest_brief=1 >"$OUT/memcheck.log" 2>&1
+  rc=$?
+  tail -n 8 "$OUT/memcheck.log"
+  summary+=("memcheck: rc=$rc, $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
+  [[ $rc -eq 0 ]] || status=1
+fi
+
+echo "== benchmark"
+$B/bin/sds_gpu_bench >"$OUT/bench.log" 2>&1
+rc=$?
+[[ $rc -eq 0 ]] || status=1
+summary+=("bench: rc=$rc")
+
+echo "== ncu seed case"
+min_mb=$(awk '$1=="seed"{print $5}' "$OUT/bench.log" | head -1)
+ncu --clock-control none --metrics dram__bytes_read.sum,gpu__time_duration.sum \
+  -k regex:SparseDecode --launch-skip 3 --launch-count 1 \
+  $B/bin/sds_gpu_bench --case seed --iters 1 >"$OUT/ncu_seed.log" 2>&1
+rc=$?
+grep -E 'dram__bytes_read.sum|gpu__time_duration' "$OUT/ncu_seed.log"
+bytes=$(awk '/dram__bytes_read.sum/{u=$2; v=$3; gsub(",","",v); if(u=="Gbyte")v*=1e3; if(u=="Kbyte")v/=1e3; if(u=="byte")v/=1e6; print v}' "$OUT/ncu_seed.log" | head -1)
+if [[ -n $bytes && -n $min_mb ]]; then
+  summary+=("ncu seed: dram read ${bytes} MB vs minimum ${min_mb} MB = $(awk -v a="$bytes" -v b="$min_mb" 'BEGIN{printf "%.3f", a/b}')x")
+else
+  summary+=("ncu seed: rc=$rc (no reading)")
+fi
+
+echo
+echo "================ summary ================"
+grep -A20 '^case ' "$OUT/bench.log"
+printf '%s\n' "${summary[@]}"
+echo "overall status: $status"
+exit $status

@@ -1,0 +1,154 @@
+// GPU sparse decode against the float64 reference and the CPU kernels, every element.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu_attention.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/reference/reference_decode.h"
+
+namespace sds::gputest {
+namespace {
+
+struct Config {
+  int hq, hkv, d, page;
+  ScaleMode mode;
+  bool per_kv;
+};
+
+std::string Name(const ::testing::TestParamInfo<Config>& info) {
+  const Config& c = info.param;
+  return "Hq" + std::to_string(c.hq) + "_Hkv" + std::to_string(c.hkv) + "_D" + std::to_string(c.d) +
+         "_P" + std::to_string(c.page) +
+         (c.mode == ScaleMode::kPerTokenHead ? "_tokenhead" : "_tensor") +
+         (c.per_kv ? "_perkv" : "_shared");
+}
+
+class DecodeVsReference : public ::testing::TestWithParam<Config> {};
+
+TEST_P(DecodeVsReference, EveryElementWithinTwoUlps) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  const Config c = GetParam();
+  const std::vector<int32_t> lengths = {37, 600, 1500, 3000, c.page, 2100, 1};
+  TestCache cache = BuildCache(2, c.hkv, c.d, c.page, c.mode, lengths, 1234 + c.hq + c.d);
+  const int topks[] = {1, 7, 16, 100, 511, 512, 513, 1100, 2048, 0, 33, 1025};
+  std::vector<RequestSpec> specs;
+  for (int i = 0; i < 12; ++i) {
+    RequestSpec s;
+    s.seq = i % static_cast<int>(lengths.size());
+    s.layer = i % 2;
+    s.topk = topks[i];
+    s.per_kv_head = c.per_kv && (i % 3 != 2);
+    s.seed = 77 + i;
+    specs.push_back(s);
+  }
+  TestBatch batch = BuildBatch(cache, c.hq, specs);
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  RunGpuDecode(cache, batch, /*with_lse=*/true, &out, &lse);
+  for (int b = 0; b < batch.size(); ++b)
+    EXPECT_EQ(CompareWithReference(cache, batch, b, out, lse, 2.0), "") << "topk " << specs[b].topk;
+
+  // The CPU kernels on the same inputs: within 3 ulps of each other.
+  std::vector<uint16_t> cpu_out(out.size());
+  std::vector<float> cpu_lse(lse.size());
+  CpuDecode(cache.HostView(), batch.HostBatch(cpu_out.data(), cpu_lse.data()), nullptr);
+  int mismatches = 0;
+  for (int row = 0; row < batch.size() * c.hq; ++row) {
+    double row_max = 0;
+    for (int j = 0; j < c.d; ++j)
+      row_max = std::max(row_max, std::fabs(ref::Bf16ToDouble(cpu_out[row * c.d + j])));
+    for (int j = 0; j < c.d; ++j) {
+      const std::string msg = ref::CheckBf16Close(
+          out[row * c.d + j], ref::Bf16ToDouble(cpu_out[row * c.d + j]), 3.0, row_max / 8);
+      if (!msg.empty() && mismatches++ < 5)
+        ADD_FAILURE() << "vs CPU row " << row << " d " << j << ": " << msg;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+
+  // Without lse: the output is the same and nothing else is touched.
+  std::vector<uint16_t> out2;
+  std::vector<float> lse2;
+  RunGpuDecode(cache, batch, /*with_lse=*/false, &out2, &lse2);
+  EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 2));
+  for (float x : lse2) EXPECT_TRUE(std::isnan(x));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DecodeVsReference,
+                         ::testing::Values(Config{32, 8, 128, 16, ScaleMode::kPerTensor, false},
+                                           Config{32, 8, 128, 16, ScaleMode::kPerTokenHead, true},
+                                           Config{8, 4, 128, 64, ScaleMode::kPerTensor, true},
+                                           Config{8, 2, 64, 16, ScaleMode::kPerTokenHead, false},
+                                           Config{8, 1, 256, 64, ScaleMode::kPerTensor, false},
+                                           Config{64, 8, 128, 16, ScaleMode::kPerTokenHead, false},
+                                           Config{4, 4, 64, 64, ScaleMode::kPerTensor, true},
+                                           Config{32, 2, 128, 16, ScaleMode::kPerTensor, true},
+                                           Config{16, 1, 256, 16, ScaleMode::kPerTokenHead, false},
+                                           Config{12, 4, 64, 64, ScaleMode::kPerTokenHead, true},
+                                           Config{64, 8, 256, 16, ScaleMode::kPerTensor, false},
+                                           Config{8, 4, 256, 16, ScaleMode::kPerTokenHead, true},
+                                           Config{40, 8, 64, 16, ScaleMode::kPerTensor, false}),
+                         Name);
+
+// A request's bits do not depend on the batch: alone, first of 37, 21st of 37.
+TEST(DecodeBatchInvariance, AloneFirstAndInsideABatchOf37) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  for (ScaleMode mode : {ScaleMode::kPerTensor, ScaleMode::kPerTokenHead}) {
+    const std::vector<int32_t> lengths = {4000, 700, 2500, 90};
+    TestCache cache = BuildCache(2, 8, 128, 16, mode, lengths, 99);
+    RequestSpec target{0, 1, 1700, false, 4242};
+    std::vector<RequestSpec> others;
+    for (int i = 0; i < 36; ++i)
+      others.push_back(RequestSpec{i % 4, i % 2, 1 + (i * 97) % 2048, i % 5 == 0,
+                                   static_cast<uint32_t>(500 + i)});
+    auto run = [&](const std::vector<RequestSpec>& specs, int at, std::vector<uint16_t>* o,
+                   std::vector<float>* l) {
+      TestBatch batch = BuildBatch(cache, 32, specs);
+      std::vector<uint16_t> out;
+      std::vector<float> lse;
+      RunGpuDecode(cache, batch, true, &out, &lse);
+      const size_t row = 32 * 128;
+      o->assign(out.begin() + at * row, out.begin() + (at + 1) * row);
+      l->assign(lse.begin() + at * 32, lse.begin() + (at + 1) * 32);
+    };
+    std::vector<uint16_t> alone, first, middle, again;
+    std::vector<float> lse_alone, lse_first, lse_middle, lse_again;
+    run({target}, 0, &alone, &lse_alone);
+    std::vector<RequestSpec> b1 = {target};
+    b1.insert(b1.end(), others.begin(), others.end());
+    run(b1, 0, &first, &lse_first);
+    std::vector<RequestSpec> b2(others.begin(), others.begin() + 20);
+    b2.push_back(target);
+    b2.insert(b2.end(), others.begin() + 20, others.end());
+    run(b2, 20, &middle, &lse_middle);
+    run(b2, 20, &again, &lse_again);
+    EXPECT_EQ(0, std::memcmp(alone.data(), first.data(), alone.size() * 2));
+    EXPECT_EQ(0, std::memcmp(alone.data(), middle.data(), alone.size() * 2));
+    EXPECT_EQ(0, std::memcmp(middle.data(), again.data(), alone.size() * 2));
+    EXPECT_EQ(0, std::memcmp(lse_alone.data(), lse_first.data(), lse_alone.size() * 4));
+    EXPECT_EQ(0, std::memcmp(lse_alone.data(), lse_middle.data(), lse_alone.size() * 4));
+  }
+}
+
+TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  CacheGeometry geo;
+  geo.num_layers = 1;
+  geo.num_kv_heads = 2;
+  geo.head_dim = 96;
+  geo.page_size = 16;
+  geo.num_pages = 10;
+  EXPECT_EQ(cuda::CheckDecodeShape(8, geo).code(), absl::StatusCode::kInvalidArgument);
+  geo.head_dim = 128;
+  EXPECT_TRUE(cuda::CheckDecodeShape(8, geo).ok());
+  EXPECT_EQ(cuda::CheckDecodeShape(34, geo).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::CheckDecodeShape(7, geo).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sds::gputest
