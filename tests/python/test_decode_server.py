@@ -5,6 +5,8 @@ checked against a float64 numpy reference over the FP8-quantised K/V.
     python3 test_decode_server.py --server build/server/decode_server
 """
 import argparse
+import os
+import subprocess
 import sys
 import unittest
 
@@ -207,6 +209,15 @@ class PerTensorScales(ServerCase):
         self.assertEqual(list(self.info.k_scales), [0.0625, 0.0625])
         self.assertEqual(list(self.info.v_scales), [0.03125, 0.015625])
         self.assertFalse(self.info.scales_are_default)
+
+    def test_toy_model_example(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        example = os.path.join(here, "..", "..", "client", "python", "examples", "toy_model.py")
+        proc = subprocess.run([sys.executable, example, "--address", self.server.address,
+                               "--prompt_len", "20", "--steps", "2", "--topk", "8"],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("step 1: position 21", proc.stdout)
 
 
 class PerTokenHeadScales(ServerCase):
