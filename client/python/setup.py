@@ -3,8 +3,8 @@
 The stubs are never committed. Set SDS_PROTO_DIR to the folder holding
 sparse_decode/v1/decode.proto when building from somewhere else.
 """
+import importlib.util
 import os
-import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -14,9 +14,12 @@ STUBS = os.path.join(HERE, "sparse_decode_client", "_proto", "decode_pb2_grpc.py
 
 
 def generate_stubs():
-    sys.path.insert(0, HERE)
-    from sparse_decode_client import generate  # pure Python: needs no stubs itself
-
+    # Load generate.py by path: importing the package would need grpc and numpy, which
+    # an isolated build environment does not have.
+    path = os.path.join(HERE, "sparse_decode_client", "generate.py")
+    spec = importlib.util.spec_from_file_location("_sds_generate", path)
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
     generate.generate(proto_dir=os.environ.get("SDS_PROTO_DIR"))
 
 
