@@ -27,7 +27,13 @@ void DecodeStream::ReadLoop() {
     cv_.notify_all();
     resp = v1::DecodeResponse();
   }
-  absl::Status st = FromGrpc(rw_->Finish());
+  absl::Status st;
+  {
+    // No write may be in flight during Finish, and none may follow it.
+    std::lock_guard<std::mutex> wl(write_mu_);
+    writes_done_ = true;
+    st = FromGrpc(rw_->Finish());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   reader_done_ = true;
   final_status_ = st.ok() ? absl::OkStatus() : st;
@@ -53,7 +59,7 @@ absl::StatusOr<uint64_t> DecodeStream::Send(const DecodeInput& in) {
   if (!req.ok()) return req.status();
   req->set_request_id(id);
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (writes_done_) return absl::FailedPreconditionError("stream half-closed");
+  if (writes_done_) return absl::FailedPreconditionError("DecodeStream is closed");
   if (!rw_->Write(*req)) {
     return absl::UnavailableError("DecodeStream write failed: the stream is broken");
   }
