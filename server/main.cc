@@ -15,6 +15,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/backend_select.h"
 #include "server/batcher.h"
@@ -155,13 +157,14 @@ int Run(const ServerOptions& opt) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(kServiceName, true);
   health->SetServingStatus(true);
+  // Tests and scripts read the two bound ports from this line (listen on port 0).
   spdlog::info(
-      "decode_server {} serving on {} (port {}), backend {}, metrics {}, model "
+      "decode_server {} serving on {} (port {}), backend {}, metrics {} (port {}), model "
       "Hq={} Hkv={} D={} layers={} pages={} scale_mode={}",
       kVersion, opt.listen, port, backend->name(),
-      opt.metrics_listen.empty() ? "off" : opt.metrics_listen, model.num_q_heads,
-      model.num_kv_heads, model.head_dim, model.num_layers, cache_config.num_pages,
-      ScaleModeName(cache_config.scale_mode));
+      opt.metrics_listen.empty() ? "off" : opt.metrics_listen, http ? http->port() : 0,
+      model.num_q_heads, model.num_kv_heads, model.head_dim, model.num_layers,
+      cache_config.num_pages, ScaleModeName(cache_config.scale_mode));
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
@@ -188,6 +191,12 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Sparse Decode Server: paged FP8 KV cache + batched sparse top-K GQA decode over gRPC.\n"
       "Usage: decode_server --listen=0.0.0.0:50051 --backend=auto --num_layers=... ");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::StrContains(path, "server/");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   const auto level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(level);

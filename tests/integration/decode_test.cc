@@ -1,0 +1,227 @@
+// Decode results of the real server against the float64 reference: unary, DecodeBatch
+// and DecodeStream, mixed sequences and layers, GQA 8/2, shared and per-KV-head index
+// lists with -1 and duplicates, both scale modes, many concurrent clients.
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace sds::itest {
+namespace {
+
+class DecodeTest : public ::testing::TestWithParam<ScaleMode> {
+ protected:
+  void SetUp() override {
+    TestModel model;
+    model.scale_mode = GetParam();
+    harness_ = std::make_unique<Harness>(
+        model, std::vector<std::string>{"--max_batch_size=16", "--max_queue_delay_us=2000"});
+    ASSERT_TRUE(harness_->ok()) << harness_->error();
+  }
+  std::unique_ptr<Harness> harness_;
+};
+
+TEST_P(DecodeTest, UnaryDecodeMatchesReference) {
+  Harness& h = *harness_;
+  InputGen gen(1);
+  h.CreateAndPrefill(gen, "seq-a", 40);  // crosses two page boundaries (page 16)
+  uint64_t id = 1;
+  for (int64_t position = 40; position < 44; ++position) {
+    for (int32_t layer = 0; layer < h.model().num_layers; ++layer) {
+      const bool per_head = (position + layer) % 2 == 1;
+      v1::DecodeRequest r =
+          RandomDecode(gen, h.model(), "seq-a", layer, position, 24, per_head, id++);
+      grpc::Status s = h.DecodeAndCheck(r);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+}
+
+TEST_P(DecodeTest, EdgeCasesMatchReference) {
+  Harness& h = *harness_;
+  InputGen gen(2);
+  h.CreateAndPrefill(gen, "edge", 17);
+  // All indices skipped: out = 0, lse = -inf.
+  v1::DecodeRequest r = RandomDecode(gen, h.model(), "edge", 0, 17, 5, false, 2);
+  *r.mutable_indices() = Int32Tensor({5}, {-1, -1, -1, -1, -1});
+  ASSERT_TRUE(h.DecodeAndCheck(r).ok());
+  // K = 0.
+  r = RandomDecode(gen, h.model(), "edge", 1, 17, 5, false, 4);
+  *r.mutable_indices() = Int32Tensor({0}, {});
+  ASSERT_TRUE(h.DecodeAndCheck(r).ok());
+  // Only the token itself, and a list of the maximal length with repeats.
+  r = RandomDecode(gen, h.model(), "edge", 2, 17, 1, false, 6);
+  *r.mutable_indices() = Int32Tensor({1}, {17});
+  ASSERT_TRUE(h.DecodeAndCheck(r).ok());
+  r = RandomDecode(gen, h.model(), "edge", 0, 18, h.model().max_topk, true, 8);
+  ASSERT_TRUE(h.DecodeAndCheck(r).ok());
+  // A fresh sequence: decode at position 0 with no prefill.
+  v1::CreateSequenceRequest create;
+  create.set_sequence_id("empty");
+  v1::CreateSequenceResponse created;
+  ASSERT_TRUE(h.stub().CreateSequence(Context().get(), create, &created).ok());
+  r = RandomDecode(gen, h.model(), "empty", 1, 0, 3, false, 10);
+  ASSERT_TRUE(h.DecodeAndCheck(r).ok());
+}
+
+TEST_P(DecodeTest, DecodeBatchMixesSequencesAndLayers) {
+  Harness& h = *harness_;
+  InputGen gen(3);
+  const std::vector<std::string> seqs = {"b0", "b1", "b2", "b3"};
+  for (const std::string& s : seqs) h.CreateAndPrefill(gen, s, 20 + 3 * (&s - seqs.data()));
+  for (int round = 0; round < 3; ++round) {
+    v1::DecodeBatchRequest batch;
+    uint64_t id = 100 * (round + 1);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (int32_t layer = 0; layer < h.model().num_layers; ++layer) {
+        const int64_t position = h.mirror().Length(seqs[i], layer);
+        *batch.add_requests() =
+            RandomDecode(gen, h.model(), seqs[i], layer, position, 16, (i + layer) % 2 == 0, id++);
+      }
+    }
+    v1::DecodeBatchResponse response;
+    grpc::Status s = h.stub().DecodeBatch(Context().get(), batch, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(response.responses_size(), batch.requests_size());
+    std::set<uint64_t> batch_ids;
+    for (int i = 0; i < batch.requests_size(); ++i) {
+      h.mirror().WriteDecodeToken(batch.requests(i));
+      EXPECT_EQ(response.responses(i).request_id(), batch.requests(i).request_id());
+      EXPECT_EQ(h.mirror().Check(batch.requests(i), response.responses(i)), "") << "item " << i;
+      batch_ids.insert(response.responses(i).batch().batch_id());
+    }
+    // The check is not vacuous: one flipped output value is noticed.
+    v1::DecodeResponse tampered = response.responses(0);
+    (*tampered.mutable_out()->mutable_data())[7] ^= 0x40;
+    EXPECT_NE(h.mirror().Check(batch.requests(0), tampered), "");
+    // 12 items with max_batch_size 16 and no (sequence, layer) repeats: few batches.
+    EXPECT_LE(batch_ids.size(), 3u);
+  }
+}
+
+TEST_P(DecodeTest, DecodeStreamPipelinesAndMatches) {
+  Harness& h = *harness_;
+  InputGen gen(4);
+  const std::vector<std::string> seqs = {"s0", "s1", "s2"};
+  for (const std::string& s : seqs) h.CreateAndPrefill(gen, s, 18);
+  // Ten positions per (sequence, layer), all written before any answer is read: the
+  // server must keep reading and keep same-(sequence, layer) requests in order.
+  std::map<uint64_t, v1::DecodeRequest> sent;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = h.stub().DecodeStream(&context);
+  uint64_t id = 1;
+  for (int step = 0; step < 10; ++step) {
+    for (const std::string& s : seqs) {
+      for (int32_t layer = 0; layer < h.model().num_layers; ++layer) {
+        v1::DecodeRequest r =
+            RandomDecode(gen, h.model(), s, layer, 18 + step, 12, step % 2 == 1, id++);
+        h.mirror().WriteDecodeToken(r);  // tokens only ever grow: write in send order
+        sent[r.request_id()] = r;
+        ASSERT_TRUE(stream->Write(r));
+      }
+    }
+  }
+  stream->WritesDone();
+  v1::DecodeResponse response;
+  size_t answered = 0, batched = 0;
+  std::set<uint64_t> seen;
+  while (stream->Read(&response)) {
+    ++answered;
+    ASSERT_TRUE(sent.count(response.request_id())) << response.request_id();
+    ASSERT_TRUE(seen.insert(response.request_id()).second) << "answered twice";
+    EXPECT_EQ(h.mirror().Check(sent[response.request_id()], response), "")
+        << "request " << response.request_id();
+    if (response.batch().batch_size() > 1) ++batched;
+  }
+  grpc::Status s = stream->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(answered, sent.size());
+  EXPECT_GT(batched, 0u) << "pipelined stream requests were never batched together";
+}
+
+TEST_P(DecodeTest, ConcurrentClientsAllMatch) {
+  Harness& h = *harness_;
+  constexpr int kThreads = 8, kSteps = 6;
+  {
+    InputGen gen(5);
+    for (int t = 0; t < kThreads; ++t) h.CreateAndPrefill(gen, "c" + std::to_string(t), 10 + t);
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      InputGen gen(100 + t);
+      auto stub = h.NewStub();
+      const std::string seq = "c" + std::to_string(t);
+      uint64_t id = 1000 * (t + 1);
+      for (int step = 0; step < kSteps; ++step) {
+        const int32_t layer = (t + step) % h.model().num_layers;
+        const int64_t position = h.mirror().Length(seq, layer);
+        const int mode = (t + step) % 3;  // unary, batch of one per layer, stream
+        if (mode == 0) {
+          v1::DecodeRequest r = RandomDecode(gen, h.model(), seq, layer, position, 20, t % 2, id++);
+          v1::DecodeResponse resp;
+          grpc::Status s = stub->Decode(Context().get(), r, &resp);
+          h.mirror().WriteDecodeToken(r);
+          if (!s.ok() || !h.mirror().Check(r, resp).empty()) failures++;
+        } else if (mode == 1) {
+          v1::DecodeBatchRequest batch;
+          for (int32_t l = 0; l < h.model().num_layers; ++l) {
+            *batch.add_requests() =
+                RandomDecode(gen, h.model(), seq, l, h.mirror().Length(seq, l), 20, l % 2, id++);
+          }
+          v1::DecodeBatchResponse resp;
+          grpc::Status s = stub->DecodeBatch(Context().get(), batch, &resp);
+          for (int i = 0; i < batch.requests_size(); ++i)
+            h.mirror().WriteDecodeToken(batch.requests(i));
+          if (!s.ok() || resp.responses_size() != batch.requests_size()) {
+            failures++;
+            continue;
+          }
+          for (int i = 0; i < batch.requests_size(); ++i) {
+            if (!h.mirror().Check(batch.requests(i), resp.responses(i)).empty()) failures++;
+          }
+        } else {
+          grpc::ClientContext context;
+          auto stream = stub->DecodeStream(&context);
+          std::map<uint64_t, v1::DecodeRequest> sent;
+          for (int k = 0; k < 4; ++k) {
+            v1::DecodeRequest r =
+                RandomDecode(gen, h.model(), seq, layer, position + k, 20, k % 2, id++);
+            h.mirror().WriteDecodeToken(r);
+            sent[r.request_id()] = r;
+            stream->Write(r);
+          }
+          stream->WritesDone();
+          v1::DecodeResponse resp;
+          size_t got = 0;
+          while (stream->Read(&resp)) {
+            ++got;
+            if (!sent.count(resp.request_id()) ||
+                !h.mirror().Check(sent[resp.request_id()], resp).empty()) {
+              failures++;
+            }
+          }
+          if (!stream->Finish().ok() || got != sent.size()) failures++;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
+                         ::testing::Values(ScaleMode::kPerTensor, ScaleMode::kPerTokenHead),
+                         [](const ::testing::TestParamInfo<ScaleMode>& info) {
+                           return info.param == ScaleMode::kPerTensor ? std::string("PerTensor")
+                                                                      : std::string("PerTokenHead");
+                         });
+
+}  // namespace
+}  // namespace sds::itest
