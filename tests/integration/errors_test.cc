@@ -1,0 +1,345 @@
+// Every bad-input class returns its DESIGN.md status code, through Decode, DecodeBatch
+// and DecodeStream alike, and leaves the cache intact: the next good request still
+// matches the reference. Also tenancy, authentication, deadlines, a full queue and
+// invalid start-up flags.
+#include <functional>
+#include <limits>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+#include "tests/reference/reference_decode.h"
+
+namespace sds::itest {
+namespace {
+
+struct BadCase {
+  const char* name;
+  grpc::StatusCode code;
+  std::function<void(v1::DecodeRequest*)> mutate;
+};
+
+std::vector<BadCase> BadDecodeCases(const TestModel& m) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto poison = [](v1::Tensor* t, float value) {
+    uint16_t bits = ref::FloatToBf16(value);
+    std::memcpy(t->mutable_data()->data() + 10, &bits, 2);
+  };
+  using C = grpc::StatusCode;
+  return {
+      {"q dtype", C::INVALID_ARGUMENT, [](auto* r) { r->mutable_q()->set_dtype(v1::FP16); }},
+      {"k shape", C::INVALID_ARGUMENT, [](auto* r) { r->mutable_k()->set_shape(0, 3); }},
+      {"v bytes", C::INVALID_ARGUMENT, [](auto* r) { r->mutable_v()->mutable_data()->resize(6); }},
+      {"gate missing", C::INVALID_ARGUMENT, [](auto* r) { r->clear_gate(); }},
+      {"indices dtype", C::INVALID_ARGUMENT,
+       [](auto* r) { r->mutable_indices()->set_dtype(v1::FP32); }},
+      {"indices shape", C::INVALID_ARGUMENT,
+       [m](auto* r) {
+         *r->mutable_indices() =
+             Int32Tensor({m.num_kv_heads + 1, 1}, std::vector<int32_t>(m.num_kv_heads + 1, 0));
+       }},
+      {"layer negative", C::INVALID_ARGUMENT, [](auto* r) { r->set_layer(-1); }},
+      {"layer too large", C::INVALID_ARGUMENT, [m](auto* r) { r->set_layer(m.num_layers); }},
+      {"topk above max", C::INVALID_ARGUMENT,
+       [m](auto* r) {
+         *r->mutable_indices() =
+             Int32Tensor({m.max_topk + 1}, std::vector<int32_t>(m.max_topk + 1, 0));
+       }},
+      {"index beyond position", C::INVALID_ARGUMENT,
+       [](auto* r) {
+         *r->mutable_indices() = Int32Tensor({2}, {0, static_cast<int32_t>(r->position() + 1)});
+       }},
+      {"index -2", C::INVALID_ARGUMENT,
+       [](auto* r) {
+         *r->mutable_indices() = Int32Tensor({2}, {0, -2});
+       }},
+      {"NaN in q", C::INVALID_ARGUMENT, [=](auto* r) { poison(r->mutable_q(), nan); }},
+      {"Inf in k", C::INVALID_ARGUMENT, [=](auto* r) { poison(r->mutable_k(), inf); }},
+      {"NaN in v", C::INVALID_ARGUMENT, [=](auto* r) { poison(r->mutable_v(), nan); }},
+      {"-Inf in gate", C::INVALID_ARGUMENT, [=](auto* r) { poison(r->mutable_gate(), -inf); }},
+      {"empty sequence id", C::INVALID_ARGUMENT, [](auto* r) { r->set_sequence_id(""); }},
+      {"unknown sequence", C::NOT_FOUND, [](auto* r) { r->set_sequence_id("nope"); }},
+      {"position gap", C::FAILED_PRECONDITION, [](auto* r) { r->set_position(r->position() + 1); }},
+  };
+}
+
+class ErrorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_.max_topk = 32;
+    harness_ = std::make_unique<Harness>(model_);
+    ASSERT_TRUE(harness_->ok()) << harness_->error();
+  }
+  TestModel model_;
+  std::unique_ptr<Harness> harness_;
+};
+
+TEST_F(ErrorsTest, EachBadDecodeGetsItsCodeAndTheCacheStaysIntact) {
+  Harness& h = *harness_;
+  InputGen gen(11);
+  h.CreateAndPrefill(gen, "victim", 20);
+  uint64_t id = 1;
+  for (const BadCase& bad : BadDecodeCases(model_)) {
+    const int32_t layer = static_cast<int32_t>(id % model_.num_layers);
+    // A bad request built on the sequence's current length.
+    auto make_bad = [&] {
+      v1::DecodeRequest r = RandomDecode(gen, model_, "victim", layer,
+                                         h.mirror().Length("victim", layer), 8, false, id++);
+      bad.mutate(&r);
+      return r;
+    };
+    // Unary.
+    v1::DecodeRequest r = make_bad();
+    v1::DecodeResponse response;
+    grpc::Status s = h.stub().Decode(Context().get(), r, &response);
+    EXPECT_EQ(s.error_code(), bad.code) << bad.name << ": " << s.error_message();
+    EXPECT_FALSE(s.error_message().empty()) << bad.name;
+    // Inside a DecodeBatch: it fails alone, its good neighbour succeeds.
+    r = make_bad();
+    v1::DecodeBatchRequest batch;
+    *batch.add_requests() = r;
+    v1::DecodeRequest good = RandomDecode(gen, model_, "victim", layer,
+                                          h.mirror().Length("victim", layer), 8, true, id++);
+    *batch.add_requests() = good;
+    v1::DecodeBatchResponse batch_response;
+    s = h.stub().DecodeBatch(Context().get(), batch, &batch_response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(batch_response.responses_size(), 2);
+    EXPECT_EQ(batch_response.responses(0).error_code(), bad.code) << bad.name;
+    EXPECT_EQ(batch_response.responses(0).request_id(), r.request_id());
+    h.mirror().WriteDecodeToken(good);
+    EXPECT_EQ(h.mirror().Check(good, batch_response.responses(1)), "") << "after " << bad.name;
+    // On a stream.
+    r = make_bad();
+    grpc::ClientContext context;
+    auto stream = h.stub().DecodeStream(&context);
+    ASSERT_TRUE(stream->Write(r));
+    v1::DecodeResponse streamed;
+    ASSERT_TRUE(stream->Read(&streamed));
+    EXPECT_EQ(streamed.error_code(), bad.code) << bad.name;
+    EXPECT_EQ(streamed.request_id(), r.request_id());
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+    // And the cache is intact: a following good unary decode matches.
+    v1::DecodeRequest next = RandomDecode(gen, model_, "victim", layer,
+                                          h.mirror().Length("victim", layer), 12, false, id++);
+    EXPECT_TRUE(h.DecodeAndCheck(next).ok()) << "after " << bad.name;
+  }
+}
+
+TEST_F(ErrorsTest, BadPrefillAndSequenceCalls) {
+  Harness& h = *harness_;
+  InputGen gen(12);
+  h.CreateAndPrefill(gen, "p", 10);
+  auto append = [&](const v1::AppendKVRequest& r) {
+    v1::AppendKVResponse response;
+    return h.stub().AppendKV(Context().get(), r, &response).error_code();
+  };
+  v1::AppendKVRequest gap = RandomAppend(gen, model_, "p", 0, 12, 2);
+  EXPECT_EQ(append(gap), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::AppendKVRequest nan = RandomAppend(gen, model_, "p", 1, 10, 3);
+  uint16_t bits = 0x7FC0;
+  std::memcpy(nan.mutable_v()->mutable_data()->data() + 40, &bits, 2);
+  EXPECT_EQ(append(nan), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::AppendKVRequest shape = RandomAppend(gen, model_, "p", 1, 10, 3);
+  shape.mutable_k()->set_shape(1, 1);
+  EXPECT_EQ(append(shape), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::AppendKVRequest layer = RandomAppend(gen, model_, "p", model_.num_layers, 10, 3);
+  EXPECT_EQ(append(layer), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(append(RandomAppend(gen, model_, "unknown", 0, 0, 1)), grpc::StatusCode::NOT_FOUND);
+  // Re-writing a written position is allowed (a retried request is harmless).
+  v1::AppendKVRequest rewrite = RandomAppend(gen, model_, "p", 2, 4, 6);
+  EXPECT_EQ(append(rewrite), grpc::StatusCode::OK);
+  h.mirror().Append(rewrite);
+  // Nothing of the failed prefills was stored.
+  for (int32_t l = 0; l < model_.num_layers; ++l) {
+    EXPECT_TRUE(h.DecodeAndCheck(RandomDecode(gen, model_, "p", l, 10, 16, l == 1, 50 + l)).ok());
+  }
+  // CreateSequence twice, reservations too large, fork/release of unknown ids.
+  v1::CreateSequenceRequest create;
+  create.set_sequence_id("p");
+  v1::CreateSequenceResponse created;
+  EXPECT_EQ(h.stub().CreateSequence(Context().get(), create, &created).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  create.set_sequence_id("huge");
+  create.set_reserve_tokens(model_.cache_pages * model_.page_size * 2);
+  grpc::Status s = h.stub().CreateSequence(Context().get(), create, &created);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  create.set_reserve_tokens(-1);
+  EXPECT_EQ(h.stub().CreateSequence(Context().get(), create, &created).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::ReleaseSequenceRequest release;
+  release.set_sequence_id("unknown");
+  v1::ReleaseSequenceResponse released;
+  EXPECT_EQ(h.stub().ReleaseSequence(Context().get(), release, &released).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::ForkSequenceRequest fork;
+  fork.set_sequence_id("unknown");
+  fork.set_new_sequence_id("x");
+  v1::ForkSequenceResponse forked;
+  EXPECT_EQ(h.stub().ForkSequence(Context().get(), fork, &forked).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  fork.set_sequence_id("p");
+  fork.set_new_sequence_id("p");
+  EXPECT_EQ(h.stub().ForkSequence(Context().get(), fork, &forked).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+}
+
+TEST_F(ErrorsTest, TenantsDoNotSeeEachOthersSequences) {
+  Harness& h = *harness_;
+  InputGen gen(13);
+  h.CreateAndPrefill(gen, "shared-name", 8, "alice");
+  v1::DecodeRequest r = RandomDecode(gen, model_, "shared-name", 0, 8, 4, false, 1);
+  v1::DecodeResponse response;
+  grpc::Status s = h.stub().Decode(Context("bob").get(), r, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(h.stub().Decode(Context().get(), r, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);  // the default tenant is another tenant
+  v1::ReleaseSequenceRequest release;
+  release.set_sequence_id("shared-name");
+  v1::ReleaseSequenceResponse released;
+  EXPECT_EQ(h.stub().ReleaseSequence(Context("bob").get(), release, &released).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::CreateSequenceRequest create;
+  create.set_sequence_id("shared-name");
+  v1::CreateSequenceResponse created;
+  EXPECT_TRUE(h.stub().CreateSequence(Context("bob").get(), create, &created).ok());
+  // Alice's sequence is untouched.
+  EXPECT_TRUE(h.DecodeAndCheck(r, "alice").ok());
+}
+
+TEST_F(ErrorsTest, ModelInfoAndHealth) {
+  Harness& h = *harness_;
+  v1::ModelInfo info;
+  ASSERT_TRUE(h.stub().GetModelInfo(Context().get(), v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.num_layers(), model_.num_layers);
+  EXPECT_EQ(info.num_q_heads(), model_.num_q_heads);
+  EXPECT_EQ(info.num_kv_heads(), model_.num_kv_heads);
+  EXPECT_EQ(info.head_dim(), model_.head_dim);
+  EXPECT_EQ(info.page_size(), model_.page_size);
+  EXPECT_EQ(info.kv_dtype(), "fp8_e4m3");
+  EXPECT_EQ(info.scale_mode(), "per_tensor");
+  EXPECT_EQ(info.backend(), "cpu");
+  EXPECT_EQ(info.total_pages(), model_.cache_pages);
+  EXPECT_EQ(info.free_pages(), model_.cache_pages);
+  EXPECT_FALSE(info.scales_are_default());
+  ASSERT_EQ(info.k_scales_size(), model_.num_layers);
+  EXPECT_FLOAT_EQ(info.k_scales(1), model_.k_scales[1]);
+  EXPECT_FLOAT_EQ(info.v_scales(2), model_.v_scales[2]);
+  EXPECT_EQ(info.max_topk(), model_.max_topk);
+  auto channel = h.server().NewChannel();
+  EXPECT_EQ(HealthStatus(channel, ""), 1);
+  EXPECT_EQ(HealthStatus(channel, "sparse_decode.v1.DecodeService"), 1);
+}
+
+TEST(ErrorsStandalone, DefaultScalesAreVisible) {
+  TestModel model;
+  std::vector<std::string> flags = {"--num_layers=2", "--num_q_heads=8", "--num_kv_heads=4",
+                                    "--head_dim=32", "--cache_pages=64"};
+  std::string error;
+  auto server = ServerProcess::Start(flags, &error);
+  ASSERT_TRUE(server) << error;
+  auto stub = v1::DecodeService::NewStub(server->NewChannel());
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(Context().get(), v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_TRUE(info.scales_are_default());
+  EXPECT_EQ(info.k_scales_size(), 2);
+  EXPECT_NE(server->Log().find("default to 1.0"), std::string::npos) << "no warning logged";
+}
+
+TEST(ErrorsStandalone, AuthTokenIsRequiredWhenSet) {
+  TestModel model;
+  Harness h(model, {"--auth_token=s3cret"});
+  ASSERT_TRUE(h.ok()) << h.error();
+  v1::ModelInfo info;
+  v1::GetModelInfoRequest request;
+  EXPECT_EQ(h.stub().GetModelInfo(Context().get(), request, &info).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(h.stub()
+                .GetModelInfo(Context("", std::chrono::seconds(5), "wrong").get(), request, &info)
+                .error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(
+      h.stub()
+          .GetModelInfo(Context("", std::chrono::seconds(5), "s3cret").get(), request, &info)
+          .ok());
+  grpc::ClientContext context;  // a stream without the token ends at once
+  auto stream = h.stub().DecodeStream(&context);
+  v1::DecodeResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST(ErrorsStandalone, ExpiredRequestsAreNotRun) {
+  TestModel model;
+  // Batches close only after 400 ms unless full: a 50 ms deadline passes in the queue.
+  Harness h(model, {"--max_queue_delay_us=400000", "--max_batch_size=64"});
+  ASSERT_TRUE(h.ok()) << h.error();
+  InputGen gen(14);
+  h.CreateAndPrefill(gen, "slow", 5);
+  v1::DecodeRequest r = RandomDecode(gen, model, "slow", 0, 5, 4, false, 1);
+  v1::DecodeBatchRequest batch;
+  *batch.add_requests() = r;
+  v1::DecodeBatchResponse response;
+  grpc::Status s =
+      h.stub().DecodeBatch(Context("", std::chrono::milliseconds(50)).get(), batch, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // It never ran: position 5 is still unwritten, so position 6 is a gap.
+  v1::DecodeRequest gap = RandomDecode(gen, model, "slow", 0, 6, 4, false, 2);
+  v1::DecodeResponse one;
+  EXPECT_EQ(h.stub().Decode(Context().get(), gap, &one).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(h.DecodeAndCheck(RandomDecode(gen, model, "slow", 0, 5, 4, false, 3)).ok());
+}
+
+TEST(ErrorsStandalone, FullQueueIsResourceExhausted) {
+  TestModel model;
+  Harness h(model, {"--max_queue_delay_us=300000", "--max_batch_size=64", "--max_queue_depth=4"});
+  ASSERT_TRUE(h.ok()) << h.error();
+  InputGen gen(15);
+  h.CreateAndPrefill(gen, "q", 3);
+  v1::DecodeBatchRequest batch;
+  for (int i = 0; i < 10; ++i) {
+    // Same (sequence, layer) at increasing positions: queued in order.
+    *batch.add_requests() = RandomDecode(gen, model, "q", 0, 3 + i, 4, false, i + 1);
+  }
+  v1::DecodeBatchResponse response;
+  ASSERT_TRUE(h.stub().DecodeBatch(Context().get(), batch, &response).ok());
+  int exhausted = 0, ok = 0;
+  for (const auto& item : response.responses()) {
+    if (item.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      EXPECT_NE(item.error_message().find("decode queue full: 4 requests waiting"),
+                std::string::npos)
+          << item.error_message();
+    }
+    if (item.error_code() == 0) ++ok;
+  }
+  EXPECT_EQ(ok, 4);
+  EXPECT_EQ(exhausted, 6);
+}
+
+TEST(ErrorsStandalone, InvalidFlagsFailAtStartWithOneLine) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--num_q_heads=6", "--num_kv_heads=4"},
+      {"--page_size=12"},
+      {"--scale_mode=per_token_head", "--k_scales=0.5", "--v_scales=0.5"},
+      {"--k_scales=1,2", "--v_scales=1", "--num_layers=3"},
+      {"--cache_bytes=100000", "--cache_pages=10"},
+      {"--backend=tpu"},
+      {"--scale_mode=fp4"},
+  };
+  for (const auto& flags : bad) {
+    std::string output;
+    const int status = RunServerToExit(flags, &output);
+    EXPECT_EQ(status, 2) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+    EXPECT_EQ(output.rfind("decode_server: invalid flags: ", 0), 0u) << output;
+    EXPECT_NE(output.find("--"), std::string::npos) << "names no flag: " << output;
+  }
+}
+
+}  // namespace
+}  // namespace sds::itest
