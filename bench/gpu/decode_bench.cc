@@ -17,6 +17,7 @@
 
 #include "bench/gpu/bench_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_launch.h"
 
 namespace sds::cudabench {
 namespace {
@@ -106,6 +107,26 @@ struct Case {
 struct Result {
   double us = 0, floor_us = 0, min_bytes = 0;
 };
+
+// Random-row gather bandwidth (GB/s) over a `region` byte buffer with rows of row_bytes.
+double GatherGBs(int64_t region, int row_bytes, cudaStream_t s) {
+  void* data = Alloc(region);
+  Check(cudaMemsetAsync(data, 1, region, s), "fill");
+  const int64_t n_rows = region / row_bytes;
+  std::vector<int32_t> ids(n_rows);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(5));
+  int32_t* dids = UploadVec(ids);
+  uint32_t* sink = static_cast<uint32_t*>(Alloc(132 * 8 * 512 * 4));
+  Flusher flush;
+  const double us = TimeMedianUs(
+      [&] { Check(Gather(data, dids, n_rows, row_bytes, sink, 132 * 8, s), "gather"); }, 10, &flush,
+      s);
+  cudaFree(data);
+  cudaFree(dids);
+  cudaFree(sink);
+  return region / (us * 1e3);
+}
 
 Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, cudaStream_t s) {
   std::mt19937 rng(42);
@@ -231,7 +252,7 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
   return r;
 }
 
-double RunAppendCase(int tokens, int hkv, int d, int iters, cudaStream_t s) {
+double RunAppendCase(int tokens, int hkv, int d, int iters, Flusher* flush, cudaStream_t s) {
   CacheGeometry geo{1, hkv, d, 16, 4096, ScaleMode::kPerTensor};
   CacheView view;
   view.geo = geo;
@@ -254,7 +275,7 @@ double RunAppendCase(int tokens, int hkv, int d, int iters, cudaStream_t s) {
         absl::Status st = cuda::LaunchAppend(view, ab, s);
         if (!st.ok()) std::exit(2);
       },
-      iters, nullptr, s);
+      iters, flush, s);
   cudaFree(view.k);
   cudaFree(view.v);
   return us;
@@ -312,11 +333,23 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   if (only.empty() || only == "append") {
-    const double us = RunAppendCase(256, 8, 128, iters, s);
+    const double us = RunAppendCase(256, 8, 128, iters, &flush, s);
     if (!(us > 0)) g_failed = true;
     std::snprintf(line, sizeof line, "%-18s %10.1f %10s %8s %9.1f  %-10s %s", "append_256tok", us,
                   "-", "-", 256.0 * 8 * 128 * 2 * 3 / 1e6, "<5us", us < 5 ? "met" : "MISSED");
     lines.push_back(line);
+  }
+  if (only.empty() || only == "diag") {
+    for (int g : {4, 8}) {
+      int blocks = 0;
+      Check(sds::cuda::DecodeOccupancy(128, g, false, &blocks), "occupancy");
+      std::printf("occupancy D128 G%d per_tensor: %d CTAs/SM\n", g, blocks);
+      Check(sds::cuda::DecodeOccupancy(128, g, true, &blocks), "occupancy");
+      std::printf("occupancy D128 G%d per_token_head: %d CTAs/SM\n", g, blocks);
+    }
+    for (int row : {128, 256, 1024})
+      std::printf("random %4d-byte row gather over 512 MB: %.0f GB/s\n", row,
+                  GatherGBs(int64_t{512} << 20, row, s));
   }
   Check(cudaDeviceSynchronize(), "final");
   std::printf("\n%-18s %10s %10s %8s %9s  %-10s %s\n", "case", "time_us", "floor_us", "ratio",
