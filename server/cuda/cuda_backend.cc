@@ -1,0 +1,321 @@
+// The CUDA backend: the paged FP8 cache in device memory (copy-on-write and zeroing
+// ordered on the backend's stream), pinned staging, asynchronous input copies, one
+// append launch and one decode launch per batch, CUDA-event timing.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "server/backend.h"
+#include "server/cuda/device_buffer.h"
+
+namespace sds {
+namespace {
+
+using cuda::CudaCall;
+using cudabackend::DeviceBuffer;
+
+// Device memory for the cache pool; Copy/Zero are enqueued on the backend stream so
+// that they are ordered with the kernels.
+class CudaPageMemory : public PageMemory {
+ public:
+  explicit CudaPageMemory(cudaStream_t stream) : stream_(stream) {}
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cudaMalloc of ", bytes, " bytes for the KV cache failed: ", cudaGetErrorString(err)));
+    }
+    return ptr;
+  }
+  void Free(void* ptr) override {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override {
+    return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                    "cache page copy (copy-on-write)");
+  }
+  absl::Status Zero(void* dst, size_t bytes) override {
+    return CudaCall(cudaMemsetAsync(dst, 0, bytes, stream_), "cache page zero");
+  }
+  bool host_accessible() const override { return false; }
+
+ private:
+  cudaStream_t stream_;
+};
+
+template <typename T>
+absl::Status CopyIn(DeviceBuffer& buf, const T* host, int64_t count, const char* what,
+                    cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  if (absl::Status s = buf.Reserve(sizeof(T) * count, what); !s.ok()) return s;
+  return CudaCall(
+      cudaMemcpyAsync(buf.get(), host, sizeof(T) * count, cudaMemcpyHostToDevice, stream),
+      absl::StrCat("copy of ", what, " to the device"));
+}
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(const BackendConfig& config) : config_(config) {}
+  ~CudaBackend() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    cache_.reset();  // frees the pool through CudaPageMemory
+    for (DeviceBuffer* b : AllBuffers()) b->Release();
+    if (start_ != nullptr) cudaEventDestroy(start_);
+    if (stop_ != nullptr) cudaEventDestroy(stop_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    if (absl::Status s = CudaCall(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                  "cudaStreamCreate");
+        !s.ok())
+      return s;
+    if (absl::Status s = CudaCall(cudaEventCreate(&start_), "cudaEventCreate"); !s.ok()) return s;
+    if (absl::Status s = CudaCall(cudaEventCreate(&stop_), "cudaEventCreate"); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<PagedKvCache>> cache =
+        PagedKvCache::Create(config_.cache, std::make_unique<CudaPageMemory>(stream_));
+    if (!cache.ok()) return cache.status();
+    cache_ = *std::move(cache);
+    // Per-layer scales: the cache keeps host copies; the kernels need device ones.
+    const CacheView view = cache_->view();
+    const int32_t layers = config_.cache.num_layers;
+    if (view.layer_k_scale != nullptr && view.layer_v_scale != nullptr) {
+      if (absl::Status s = CopyIn(layer_k_, view.layer_k_scale, layers, "layer k scales", stream_);
+          !s.ok())
+        return s;
+      if (absl::Status s = CopyIn(layer_v_, view.layer_v_scale, layers, "layer v scales", stream_);
+          !s.ok())
+        return s;
+    }
+    // Split-K workspace for the largest batch.
+    const int32_t hkv = config_.cache.num_kv_heads;
+    workspace_.capacity_floats = cuda::DecodeWorkspaceFloats(
+        config_.max_batch_size, config_.num_q_heads, config_.cache.head_dim, config_.max_topk);
+    workspace_.capacity_counters = cuda::DecodeWorkspaceCounters(config_.max_batch_size, hkv);
+    if (absl::Status s = partial_.Reserve(sizeof(float) * (workspace_.capacity_floats + 4),
+                                          "decode split-K workspace");
+        !s.ok())
+      return s;
+    if (absl::Status s = counters_.Reserve(sizeof(int32_t) * (workspace_.capacity_counters + 1),
+                                           "decode split-K counters");
+        !s.ok())
+      return s;
+    workspace_.partial = partial_.as<float>();
+    workspace_.counters = counters_.as<int32_t>();
+    if (absl::Status s =
+            CudaCall(cudaMemsetAsync(counters_.get(), 0, counters_.capacity(), stream_),
+                     "zeroing split-K counters");
+        !s.ok())
+      return s;
+    // Fixed-size decode buffers sized by the config.
+    const size_t rows = static_cast<size_t>(config_.max_batch_size) * config_.num_q_heads;
+    const size_t elems = rows * config_.cache.head_dim;
+    for (auto [buf, bytes, what] :
+         {std::tuple{&q_, elems * 2, "q"}, std::tuple{&gate_, elems * 2, "gate"},
+          std::tuple{&out_, elems * 2, "out"}, std::tuple{&lse_, rows * 4, "lse"}}) {
+      if (absl::Status s = buf->Reserve(bytes, what); !s.ok()) return s;
+    }
+    return CudaCall(cudaStreamSynchronize(stream_), "CUDA backend initialisation");
+  }
+
+  std::string name() const override { return "cuda"; }
+  PagedKvCache& cache() override { return *cache_; }
+
+  void* AllocateStaging(size_t bytes) override {
+    void* ptr = nullptr;
+    if (cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return ptr;
+  }
+  void FreeStaging(void* ptr) override {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+
+  absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
+    absl::Status status = Enqueue(work);
+    // Always drain the stream so that no copy still reads staging memory on return.
+    absl::Status sync = CudaCall(cudaStreamSynchronize(stream_), "CUDA batch");
+    if (status.ok()) status = sync;
+    if (!status.ok()) return status;
+    if (timing != nullptr) {
+      float ms = 0.0f;
+      if (absl::Status s = CudaCall(cudaEventElapsedTime(&ms, start_, stop_), "batch timing");
+          !s.ok())
+        return s;
+      timing->compute_us = static_cast<int64_t>(ms * 1000.0f + 0.5f);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<DeviceBuffer*> AllBuffers() {
+    return {&layer_k_, &layer_v_, &partial_, &counters_, &q_,      &gate_,    &out_,
+            &lse_,     &k_new_,   &v_new_,   &a_layer_,  &a_slot_, &d_layer_, &d_pto_,
+            &d_io_,    &d_topk_,  &d_perkv_, &d_index_,  &d_pages_};
+  }
+
+  CacheView DeviceView() const {
+    CacheView view = cache_->view();  // k, v and token scales already live on the device
+    if (view.layer_k_scale != nullptr) view.layer_k_scale = layer_k_.as<float>();
+    if (view.layer_v_scale != nullptr) view.layer_v_scale = layer_v_.as<float>();
+    return view;
+  }
+
+  // Input copies, kernels and output copies of one batch, bracketed by the events.
+  absl::Status Enqueue(const BatchWork& work) {
+    const CacheView view = DeviceView();
+    const CacheGeometry& geo = view.geo;
+    if (absl::Status s = CudaCall(cudaEventRecord(start_, stream_), "event record"); !s.ok())
+      return s;
+    const AppendBatch& a = work.append;
+    if (a.num_tokens > 0) {
+      const int64_t n = a.num_tokens;
+      const int64_t row = static_cast<int64_t>(geo.num_kv_heads) * geo.head_dim;
+      for (absl::Status s : {CopyIn(k_new_, a.k_new, n * row, "appended k", stream_),
+                             CopyIn(v_new_, a.v_new, n * row, "appended v", stream_),
+                             CopyIn(a_layer_, a.layer, n, "append layers", stream_),
+                             CopyIn(a_slot_, a.slot, n, "append slots", stream_)})
+        if (!s.ok()) return s;
+      AppendBatch dev{a.num_tokens, k_new_.as<uint16_t>(), v_new_.as<uint16_t>(),
+                      a_layer_.as<int32_t>(), a_slot_.as<int64_t>()};
+      if (absl::Status s = cuda::LaunchAppend(view, dev, stream_); !s.ok()) return s;
+    }
+    const DecodeBatch& d = work.decode;
+    if (d.num_requests > 0) {
+      if (absl::Status s = EnqueueDecode(view, d); !s.ok()) return s;
+    }
+    return CudaCall(cudaEventRecord(stop_, stream_), "event record");
+  }
+
+  absl::Status EnqueueDecode(const CacheView& view, const DecodeBatch& d) {
+    const CacheGeometry& geo = view.geo;
+    const int32_t b = d.num_requests;
+    if (b > config_.max_batch_size)
+      return absl::InternalError(absl::StrCat("CUDA backend: batch of ", b,
+                                              " requests exceeds max_batch_size ",
+                                              config_.max_batch_size));
+    if (d.num_q_heads != config_.num_q_heads)
+      return absl::InternalError(absl::StrCat("CUDA backend: batch has ", d.num_q_heads,
+                                              " query heads, configured for ",
+                                              config_.num_q_heads));
+    // Sizes of the variable-length arrays, from the host copies.
+    int32_t max_topk = 0;
+    int64_t index_total = 0, pages_total = 0;
+    for (int32_t r = 0; r < b; ++r) {
+      const int32_t k = d.topk[r];
+      const int lists = d.indices_per_kv_head[r] ? geo.num_kv_heads : 1;
+      max_topk = std::max(max_topk, k);
+      index_total = std::max(index_total, d.index_offset[r] + static_cast<int64_t>(k) * lists);
+      int32_t max_index = -1;
+      const int32_t* list = d.indices + d.index_offset[r];
+      for (int64_t i = 0; i < static_cast<int64_t>(k) * lists; ++i)
+        max_index = std::max(max_index, list[i]);
+      if (max_index >= 0)
+        pages_total = std::max(pages_total, d.page_table_offset[r] + max_index / geo.page_size + 1);
+    }
+    if (max_topk > config_.max_topk)
+      return absl::InternalError(
+          absl::StrCat("CUDA backend: top-K ", max_topk, " exceeds max_topk ", config_.max_topk));
+    const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * geo.head_dim;
+    for (absl::Status s :
+         {CopyIn(q_, d.q, elems, "q", stream_), CopyIn(gate_, d.gate, elems, "gate", stream_),
+          CopyIn(d_layer_, d.layer, b, "layers", stream_),
+          CopyIn(d_pto_, d.page_table_offset, b, "page table offsets", stream_),
+          CopyIn(d_io_, d.index_offset, b, "index offsets", stream_),
+          CopyIn(d_topk_, d.topk, b, "top-K sizes", stream_),
+          CopyIn(d_perkv_, d.indices_per_kv_head, b, "index forms", stream_),
+          CopyIn(d_index_, d.indices, index_total, "indices", stream_),
+          CopyIn(d_pages_, d.page_table, pages_total, "page tables", stream_)})
+      if (!s.ok()) return s;
+    DecodeBatch dev;
+    dev.num_requests = b;
+    dev.num_q_heads = d.num_q_heads;
+    dev.q = q_.as<uint16_t>();
+    dev.gate = gate_.as<uint16_t>();
+    dev.layer = d_layer_.as<int32_t>();
+    dev.page_table = d_pages_.as<int32_t>();
+    dev.page_table_offset = d_pto_.as<int64_t>();
+    dev.indices = d_index_.as<int32_t>();
+    dev.index_offset = d_io_.as<int64_t>();
+    dev.topk = d_topk_.as<int32_t>();
+    dev.indices_per_kv_head = d_perkv_.as<uint8_t>();
+    dev.out = out_.as<uint16_t>();
+    dev.lse = d.lse != nullptr ? lse_.as<float>() : nullptr;
+    if (absl::Status s = cuda::LaunchDecode(view, dev, max_topk, workspace_, stream_); !s.ok())
+      return s;
+    if (absl::Status s =
+            CudaCall(cudaMemcpyAsync(d.out, out_.get(), elems * 2, cudaMemcpyDeviceToHost, stream_),
+                     "copy of the outputs to the host");
+        !s.ok())
+      return s;
+    if (d.lse != nullptr)
+      return CudaCall(cudaMemcpyAsync(d.lse, lse_.get(), sizeof(float) * b * d.num_q_heads,
+                                      cudaMemcpyDeviceToHost, stream_),
+                      "copy of lse to the host");
+    return absl::OkStatus();
+  }
+
+  BackendConfig config_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  std::unique_ptr<PagedKvCache> cache_;
+  cuda::DecodeWorkspace workspace_;
+  // layer_k_, layer_v_: [L] float; partial_: split-K floats; counters_: [B_max * Hkv].
+  DeviceBuffer layer_k_, layer_v_, partial_, counters_;
+  // q_, gate_, out_: [B_max, Hq, D] bf16; lse_: [B_max, Hq] float.
+  DeviceBuffer q_, gate_, out_, lse_;
+  // Append inputs: k_new_, v_new_: [N, Hkv, D] bf16; a_layer_: [N]; a_slot_: [N] int64.
+  DeviceBuffer k_new_, v_new_, a_layer_, a_slot_;
+  // Decode metadata: [B] each; d_index_: flat indices; d_pages_: flat page tables.
+  DeviceBuffer d_layer_, d_pto_, d_io_, d_topk_, d_perkv_, d_index_, d_pages_;
+};
+
+}  // namespace
+
+bool CudaDeviceAvailable() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return prop.major == 9 && prop.minor == 0;  // the kernels are built for sm_90a only
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& config) {
+  if (!CudaDeviceAvailable())
+    return absl::UnavailableError(
+        "no usable CUDA device: the CUDA backend needs a compute capability 9.0 GPU (H100/H200)");
+  CacheGeometry geo;
+  geo.num_layers = config.cache.num_layers;
+  geo.num_kv_heads = config.cache.num_kv_heads;
+  geo.head_dim = config.cache.head_dim;
+  geo.page_size = config.cache.page_size;
+  geo.num_pages = config.cache.num_pages;
+  if (absl::Status s = cuda::CheckDecodeShape(config.num_q_heads, geo); !s.ok()) return s;
+  if (config.max_batch_size <= 0 || config.max_topk <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("max_batch_size (", config.max_batch_size,
+                                                   ") and max_topk (", config.max_topk,
+                                                   ") must be positive"));
+  auto backend = std::make_unique<CudaBackend>(config);
+  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace sds
