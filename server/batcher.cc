@@ -43,7 +43,7 @@ void Batcher::Start() {
   executor_thread_ = std::thread([this] { ExecutorLoop(); });
 }
 
-absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth) {
+absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (stopping_) return absl::UnavailableError("server is draining");
@@ -52,7 +52,13 @@ absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth) {
                                                        " requests waiting; retry with backoff"));
     }
     if (counts_toward_depth) ++limited_in_queue_;
-    queue_.push_back(std::move(entry));
+    if (urgent) {
+      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_in_front_),
+                    std::move(entry));
+      ++urgent_in_front_;
+    } else {
+      queue_.push_back(std::move(entry));
+    }
   }
   {
     std::lock_guard<std::mutex> lock(outstanding_mu_);
@@ -64,15 +70,17 @@ absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth) {
 
 absl::Status Batcher::SubmitDecode(DecodeWork work) {
   work.enqueued = Clock::now();
-  return Enqueue(std::move(work), true);
+  return Enqueue(std::move(work), true, false);
 }
 
 absl::Status Batcher::SubmitAppend(AppendWork work) {
   work.enqueued = Clock::now();
-  return Enqueue(std::move(work), true);
+  return Enqueue(std::move(work), true, false);
 }
 
-absl::Status Batcher::SubmitControl(ControlWork work) { return Enqueue(std::move(work), false); }
+absl::Status Batcher::SubmitControl(ControlWork work, bool urgent) {
+  return Enqueue(std::move(work), false, urgent);
+}
 
 int64_t Batcher::queue_depth() const {
   std::lock_guard<std::mutex> lock(queue_mu_);
@@ -107,6 +115,7 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
     }
     if (!std::holds_alternative<DecodeWork>(queue_.front())) {
       if (std::holds_alternative<AppendWork>(queue_.front())) --limited_in_queue_;
+      if (urgent_in_front_ > 0) --urgent_in_front_;
       *single = std::make_unique<Entry>(std::move(queue_.front()));
       queue_.pop_front();
       return true;
@@ -251,6 +260,7 @@ void Batcher::Stop() {
     stopping_ = true;
     leftover.swap(queue_);
     limited_in_queue_ = 0;
+    urgent_in_front_ = 0;
   }
   queue_cv_.notify_all();
   for (Entry& entry : leftover) FailEntry(entry, Stopped());

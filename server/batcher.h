@@ -45,7 +45,11 @@ class Batcher {
   // queued and `done` will not be called.
   absl::Status SubmitDecode(DecodeWork work);
   absl::Status SubmitAppend(AppendWork work);
-  absl::Status SubmitControl(ControlWork work);  // not limited by max_queue_depth
+  // Not limited by max_queue_depth. FIFO with everything else, unless `urgent`: then it
+  // runs before every queued decode (after earlier urgent work), at the next batch
+  // boundary; release uses this so that queued requests of a released sequence fail
+  // NOT_FOUND instead of delaying the release.
+  absl::Status SubmitControl(ControlWork work, bool urgent = false);
 
   // Closes batches without waiting for the queue delay and waits until every
   // submitted item has completed or `deadline` passed. True when all completed.
@@ -63,7 +67,7 @@ class Batcher {
     std::unique_ptr<Entry> single;  // an AppendWork or ControlWork
   };
 
-  absl::Status Enqueue(Entry entry, bool counts_toward_depth);
+  absl::Status Enqueue(Entry entry, bool counts_toward_depth, bool urgent);
   void AssemblerLoop();
   void ExecutorLoop();
   // Waits until a batch may close, then takes it (or one non-decode entry).
@@ -80,6 +84,7 @@ class Batcher {
   std::condition_variable queue_cv_;
   std::deque<Entry> queue_;
   int64_t limited_in_queue_ = 0;  // decode + append entries in queue_
+  size_t urgent_in_front_ = 0;    // urgent control entries at the front of queue_
   bool draining_ = false;
   bool stopping_ = false;
 

@@ -21,7 +21,8 @@ grpc::Status ToGrpc(const absl::Status& status);
 Clock::time_point DeadlineOf(const grpc::CallbackServerContext& context);
 
 // The cache reports errors with the internal tenant-qualified key; callers know the
-// sequence by its own id. Replaces the key with the id in the message, keeps the code.
+// sequence by its own id. Replaces the key with the id in the message, keeps the code;
+// NOT_FOUND gets one standard message.
 absl::Status ForCaller(const absl::Status& status, const std::string& key,
                        const std::string& sequence_id);
 

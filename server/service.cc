@@ -234,7 +234,13 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::ForkSequence(grpc::CallbackServerCo
           if (s.code() == absl::StatusCode::kAlreadyExists) {
             s = absl::AlreadyExistsError(absl::StrCat("sequence '", dst_id, "' already exists"));
           }
-          finish(ForCaller(ForCaller(s, src, src_id), dst, dst_id));
+          if (s.ok() || s.code() == absl::StatusCode::kNotFound ||
+              s.code() == absl::StatusCode::kAlreadyExists) {
+            return finish(s);
+          }
+          // Other codes (e.g. RESOURCE_EXHAUSTED): the message may name the keys.
+          finish(absl::Status(s.code(),
+                              absl::StrReplaceAll(s.message(), {{src, src_id}, {dst, dst_id}})));
         };
         work.fail = finish;
         if (absl::Status s = batcher_->SubmitControl(std::move(work)); !s.ok()) finish(s);
@@ -252,8 +258,9 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::ReleaseSequence(
                  }
                  const std::string key = SequenceKey(tenant, id);
                  ControlWork work;
-                 // On the executor thread: no launched batch can read the freed pages,
-                 // and decodes queued after this one fail NOT_FOUND.
+                 // On the executor thread, ahead of queued decodes: no launched batch
+                 // can read the freed pages, and the sequence's queued decodes fail
+                 // NOT_FOUND at PrepareWrite.
                  work.run = [this, finish, response, key, id] {
                    absl::StatusOr<int64_t> freed = backend_->cache().ReleaseSequence(key);
                    if (freed.ok()) {
@@ -266,7 +273,8 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::ReleaseSequence(
                    finish(ForCaller(freed.status(), key, id));
                  };
                  work.fail = finish;
-                 if (absl::Status s = batcher_->SubmitControl(std::move(work)); !s.ok()) {
+                 if (absl::Status s = batcher_->SubmitControl(std::move(work), /*urgent=*/true);
+                     !s.ok()) {
                    finish(s);
                  }
                });
