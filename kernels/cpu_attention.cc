@@ -17,7 +17,7 @@ using cpu_internal::DecodeItem;
 // Per-thread scratch, grown on demand and reused across calls.
 struct ItemScratch {
   std::vector<int64_t> rows;
-  std::vector<float> k_scale, v_scale, scores, q_f32, acc, row_buffer;
+  std::vector<float> k_scale, v_scale, scores, q_f32, acc, row_buffer, weights;
 };
 
 template <typename T>
@@ -33,7 +33,7 @@ int Log2(int power_of_two) {
 }
 
 // Runs work item `item` = (request b, KV head) of the batch.
-void RunItem(const CacheView& cache, const DecodeBatch& batch, int64_t item, bool use_avx2) {
+void RunItem(const CacheView& cache, const DecodeBatch& batch, int64_t item, CpuKernelPath path) {
   const CacheGeometry& geo = cache.geo;
   const int num_kv_heads = geo.num_kv_heads, head_dim = geo.head_dim;
   const int group = batch.num_q_heads / num_kv_heads;
@@ -105,7 +105,9 @@ void RunItem(const CacheView& cache, const DecodeBatch& batch, int64_t item, boo
   work.q_f32 = Grow(scratch.q_f32, head_elements);
   work.acc = Grow(scratch.acc, head_elements);
   work.row_buffer = Grow(scratch.row_buffer, static_cast<size_t>(8) * head_dim);
-  if (use_avx2) {
+  work.weights = Grow(scratch.weights, static_cast<size_t>(group) * padded_rows);
+  work.bf16_scores = path == CpuKernelPath::kAvx512Bf16;
+  if (path != CpuKernelPath::kPortable) {
     cpu_internal::DecodeItemAvx2(work);
   } else {
     cpu_internal::DecodeItemPortable(work);
@@ -124,12 +126,31 @@ bool CpuSupportsAvx2Path() {
 #endif
 }
 
+bool CpuSupportsAvx512Bf16Path() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool supported = CpuSupportsAvx2Path() && __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("avx512bw") &&
+                                __builtin_cpu_supports("avx512bf16");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+CpuKernelPath ResolveCpuKernelPath(CpuKernelPath requested, int head_dim) {
+  if (requested == CpuKernelPath::kPortable) return requested;
+  const bool avx512 = CpuSupportsAvx512Bf16Path() && head_dim % 32 == 0;
+  if ((requested == CpuKernelPath::kAuto || requested == CpuKernelPath::kAvx512Bf16) && avx512)
+    return CpuKernelPath::kAvx512Bf16;
+  if (CpuSupportsAvx2Path() && head_dim % 16 == 0) return CpuKernelPath::kAvx2;
+  return CpuKernelPath::kPortable;
+}
+
 void CpuDecode(const CacheView& cache, const DecodeBatch& batch, CpuThreadPool* pool,
                CpuKernelPath path) {
   const int64_t num_items = static_cast<int64_t>(batch.num_requests) * cache.geo.num_kv_heads;
-  const bool use_avx2 =
-      path != CpuKernelPath::kPortable && CpuSupportsAvx2Path() && cache.geo.head_dim % 16 == 0;
-  auto run = [&](int64_t item) { RunItem(cache, batch, item, use_avx2); };
+  const CpuKernelPath resolved = ResolveCpuKernelPath(path, cache.geo.head_dim);
+  auto run = [&](int64_t item) { RunItem(cache, batch, item, resolved); };
   if (pool != nullptr) {
     pool->ParallelFor(num_items, run);
   } else {

@@ -11,13 +11,18 @@
 namespace sds {
 
 enum class CpuKernelPath {
-  kAuto,      // AVX2+FMA+F16C when the CPU has it and D % 16 == 0, else portable
-  kPortable,  // plain C++ (lookup-table dequantisation)
-  kAvx2,      // explicit AVX2/FMA/F16C; falls back to portable when unsupported
+  kAuto,        // the fastest of the paths below that this CPU and D support
+  kPortable,    // plain C++ (lookup-table dequantisation)
+  kAvx2,        // explicit AVX2/FMA/F16C (D % 16 == 0); else portable
+  kAvx512Bf16,  // kAvx2 with AVX-512 BF16 dot products for q.k (D % 32 == 0); else kAvx2
 };
 
-// True when this CPU can run the AVX2 path.
+// True when this CPU can run the kAvx2 / kAvx512Bf16 paths.
 bool CpuSupportsAvx2Path();
+bool CpuSupportsAvx512Bf16Path();
+
+// The path CpuDecode takes for `requested` on this CPU with head dimension D.
+CpuKernelPath ResolveCpuKernelPath(CpuKernelPath requested, int head_dim);
 
 // cache: host CacheView (see decode_params.h for every array's shape).
 // batch: q, gate: [B, Hq, D] bf16; out: [B, Hq, D] bf16, every element written;

@@ -14,6 +14,7 @@ struct DecodeItem {
   int head_dim = 0;  // D
   int num_rows = 0;  // N valid (non-negative) indices, duplicates included, N >= 1
   float inv_sqrt_d = 0.0f;
+  bool bf16_scores = false;  // AVX2 kernel: scores with AVX-512 BF16 dot products
   // k_layer, v_layer: the layer's [num_pages * page_size * Hkv, D] FP8 rows.
   const uint8_t* k_layer = nullptr;
   const uint8_t* v_layer = nullptr;
@@ -29,10 +30,13 @@ struct DecodeItem {
   float* q_f32 = nullptr;       // [G, D]
   float* acc = nullptr;         // [G, D]
   float* row_buffer = nullptr;  // [8, D] dequantised rows
+  float* weights = nullptr;     // [N rounded up to 8, G] p * v_scale, row-major by row
 };
 
 void DecodeItemPortable(const DecodeItem& item);
-void DecodeItemAvx2(const DecodeItem& item);  // needs D % 16 == 0 and AVX2/FMA/F16C
+// Needs D % 16 == 0 and AVX2/FMA/F16C; bf16_scores also needs D % 32 == 0 and
+// AVX-512F/BW/BF16.
+void DecodeItemAvx2(const DecodeItem& item);
 
 // exp(x) for x <= 0 (inputs below -87 give ~1e-38), within ~2 float ulps. Scalar
 // companion of the vector version in the AVX2 kernel.

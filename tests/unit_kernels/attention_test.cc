@@ -19,7 +19,16 @@ using test::TestBatch;
 uint32_t FreshSeed() { return std::random_device{}(); }
 
 const char* PathName(CpuKernelPath path) {
-  return path == CpuKernelPath::kPortable ? "portable" : "avx2";
+  switch (path) {
+    case CpuKernelPath::kPortable:
+      return "portable";
+    case CpuKernelPath::kAvx2:
+      return "avx2";
+    case CpuKernelPath::kAvx512Bf16:
+      return "avx512bf16";
+    default:
+      return "auto";
+  }
 }
 
 // Builds a batch from `spec`, runs CpuDecode on poisoned outputs, checks every request.
@@ -71,7 +80,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::pair{8, 1}, std::pair{64, 8}, std::pair{4, 4}),
                        ::testing::Values(64, 128, 256), ::testing::Values(16, 64),
                        ::testing::Values(ScaleMode::kPerTensor, ScaleMode::kPerTokenHead),
-                       ::testing::Values(CpuKernelPath::kPortable, CpuKernelPath::kAvx2)),
+                       ::testing::Values(CpuKernelPath::kPortable, CpuKernelPath::kAvx2,
+                                         CpuKernelPath::kAvx512Bf16)),
     ShapeName);
 
 class CpuDecodeCaseTest : public ::testing::TestWithParam<CpuKernelPath> {};
@@ -145,6 +155,28 @@ TEST_P(CpuDecodeCaseTest, LargeMagnitudeScores) {
   }
 }
 
+// Almost every stored code is an FP8 subnormal (|x / scale| < 2^-6): the bf16 dot
+// product path must not flush them.
+TEST_P(CpuDecodeCaseTest, SubnormalCodes) {
+  BatchSpec spec;
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.batch_size = 3;
+  spec.max_topk = 100;
+  spec.layer_scale_boost = 40000.0f;  // |x / scale| ~ 0.004 |x|: codes 0..8
+  const uint32_t seed = FreshSeed();
+  RunAndCheck(spec, GetParam(), seed, &SharedPool());
+  TestBatch batch = BuildBatch(spec, seed);
+  int subnormal = 0, zero = 0;
+  for (uint8_t code : batch.cache.k) {
+    if ((code & 0x78) == 0 && (code & 0x07) != 0) ++subnormal;
+    if ((code & 0x7F) == 0) ++zero;
+  }
+  EXPECT_GT(subnormal, 10 * (static_cast<int>(batch.cache.k.size()) - subnormal - zero))
+      << "seed " << seed;
+}
+
 // Rows whose indices are all -1 (or K == 0) give out == 0 exactly and lse == -inf.
 TEST_P(CpuDecodeCaseTest, RowsWithoutValidIndex) {
   const uint32_t seed = FreshSeed();
@@ -195,7 +227,8 @@ TEST_P(CpuDecodeCaseTest, WithoutLse) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuDecodeCaseTest,
-                         ::testing::Values(CpuKernelPath::kPortable, CpuKernelPath::kAvx2),
+                         ::testing::Values(CpuKernelPath::kPortable, CpuKernelPath::kAvx2,
+                                           CpuKernelPath::kAvx512Bf16),
                          [](const auto& info) { return std::string(PathName(info.param)); });
 
 }  // namespace

@@ -116,10 +116,12 @@ TEST_P(BatchInvarianceTest, OutputBitsIndependentOfBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, BatchInvarianceTest,
-                         ::testing::Values(CpuKernelPath::kPortable, CpuKernelPath::kAvx2),
+                         ::testing::Values(CpuKernelPath::kPortable, CpuKernelPath::kAvx2,
+                                           CpuKernelPath::kAvx512Bf16),
                          [](const auto& info) {
                            return std::string(info.param == CpuKernelPath::kPortable ? "portable"
-                                                                                     : "avx2");
+                                              : info.param == CpuKernelPath::kAvx2   ? "avx2"
+                                                                                   : "avx512bf16");
                          });
 
 }  // namespace

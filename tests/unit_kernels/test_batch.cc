@@ -103,8 +103,9 @@ TestBatch BuildBatch(const BatchSpec& spec, uint32_t seed) {
   std::uniform_real_distribution<float> scale_factor(2.0f, 4.0f);
   for (int32_t layer = 0; layer < geo.num_layers; ++layer) {
     // per_tensor: scales such that |x| up to ~3 sigma fit into +-448 (larger ones saturate).
-    cache.layer_k_scale.push_back(spec.kv_magnitude * scale_factor(rng) / 448.0f);
-    cache.layer_v_scale.push_back(spec.kv_magnitude * scale_factor(rng) / 448.0f);
+    const float boost = spec.layer_scale_boost;
+    cache.layer_k_scale.push_back(spec.kv_magnitude * scale_factor(rng) * boost / 448.0f);
+    cache.layer_v_scale.push_back(spec.kv_magnitude * scale_factor(rng) * boost / 448.0f);
   }
 
   std::vector<int32_t> page_order(total_pages);

@@ -38,6 +38,9 @@ struct BatchSpec {
   int per_kv_head_mode = 2;   // 0: shared lists, 1: per KV head, 2: random per request
   float q_magnitude = 1.0f;   // standard deviation of q
   float kv_magnitude = 1.0f;  // standard deviation of K/V
+  // Multiplies the per_tensor layer scales; large values push the stored codes into
+  // the FP8 subnormal range.
+  float layer_scale_boost = 1.0f;
 };
 
 // A built batch: owns every array the DecodeBatch view points into.
