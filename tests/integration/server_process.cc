@@ -35,7 +35,9 @@ std::string TempPath(const char* stem) {
   return std::string(path) + "_" + stem;
 }
 
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
+}  // namespace
+
+pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& log_path) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -50,6 +52,8 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path) {
   execv(argv[0], argv.data());
   _exit(127);
 }
+
+namespace {
 
 int DecodeWaitStatus(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -66,7 +70,7 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
   std::vector<std::string> args = {SDS_DECODE_SERVER_PATH, "--backend=cpu", "--listen=127.0.0.1:0",
                                    "--metrics_listen=127.0.0.1:0", "--cpu_threads=2"};
   args.insert(args.end(), flags.begin(), flags.end());
-  server->pid_ = Spawn(args, server->log_path_);
+  server->pid_ = SpawnProcess(args, server->log_path_);
   const std::regex ready(R"(serving on .*\(port (\d+)\).* metrics .*\(port (\d+)\))");
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < give_up) {
@@ -140,7 +144,7 @@ int RunServerToExit(const std::vector<std::string>& flags, std::string* output) 
   std::vector<std::string> args = {SDS_DECODE_SERVER_PATH, "--listen=127.0.0.1:0",
                                    "--metrics_listen="};
   args.insert(args.end(), flags.begin(), flags.end());
-  pid_t pid = Spawn(args, log);
+  pid_t pid = SpawnProcess(args, log);
   int status = 0;
   waitpid(pid, &status, 0);
   *output = ReadFile(log);
@@ -214,6 +218,23 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+void StopProcess(pid_t pid, std::chrono::milliseconds grace) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  const auto give_up = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+std::string TempDir() {
+  char path[] = "/tmp/sds_itest_dir_XXXXXX";
+  return mkdtemp(path) ? std::string(path) : std::string("/tmp");
 }
 
 int RunCommand(const std::string& command, std::string* output) {

@@ -55,6 +55,13 @@ std::string HttpGet(int port, const std::string& path, int* status);
 // A port that was free a moment ago (for tools that cannot bind port 0 themselves).
 int FreePort();
 
+// Starts `args` (args[0] an absolute path) with stdout and stderr to `log_path`.
+pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& log_path);
+// SIGTERM, then SIGKILL after `grace`; reaps the child.
+void StopProcess(pid_t pid, std::chrono::milliseconds grace);
+// A fresh empty directory under /tmp.
+std::string TempDir();
+
 // Runs a shell command, returns its exit status and output.
 int RunCommand(const std::string& command, std::string* output);
 

@@ -1,0 +1,130 @@
+// /metrics after known traffic: the text is valid (promtool check metrics), the
+// counters say what happened, and a real Prometheus scraping the server sees it.
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace sds::itest {
+namespace {
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    harness_ = std::make_unique<Harness>(model_);
+    ASSERT_TRUE(harness_->ok()) << harness_->error();
+    Harness& h = *harness_;
+    InputGen gen(41);
+    h.CreateAndPrefill(gen, "m", 10);  // 3 layers x 10 tokens appended
+    for (int i = 0; i < kDecodes; ++i) {
+      ASSERT_TRUE(
+          h.DecodeAndCheck(RandomDecode(gen, model_, "m", 0, 10 + i, 4, false, i + 1)).ok());
+    }
+    for (int i = 0; i < kBad; ++i) {
+      v1::DecodeRequest bad = RandomDecode(gen, model_, "m", 5, 0, 4, false, 99);  // bad layer
+      v1::DecodeResponse response;
+      EXPECT_EQ(h.stub().Decode(Context().get(), bad, &response).error_code(),
+                grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    v1::DecodeBatchRequest batch;
+    for (int32_t layer = 0; layer < 3; ++layer) {
+      *batch.add_requests() = RandomDecode(gen, model_, "m", layer, layer == 0 ? 10 + kDecodes : 10,
+                                           4, false, 50 + layer);
+    }
+    v1::DecodeBatchResponse batch_response;
+    ASSERT_TRUE(h.stub().DecodeBatch(Context().get(), batch, &batch_response).ok());
+    for (const auto& r : batch_response.responses())
+      ASSERT_EQ(r.error_code(), 0) << r.error_message();
+  }
+
+  std::string Scrape() {
+    int status = 0;
+    std::string body = HttpGet(harness_->server().metrics_port(), "/metrics", &status);
+    EXPECT_EQ(status, 200);
+    return body;
+  }
+
+  static constexpr int kDecodes = 5;
+  static constexpr int kBad = 2;
+  TestModel model_;
+  std::unique_ptr<Harness> harness_;
+};
+
+TEST_F(MetricsTest, ExpositionReflectsTraffic) {
+  const std::string text = Scrape();
+  auto has = [&](const std::string& line) {
+    EXPECT_NE(text.find(line + "\n"), std::string::npos) << "missing: " << line << "\n" << text;
+  };
+  has(absl::StrCat("sds_requests_total{rpc=\"Decode\",code=\"OK\"} ", kDecodes));
+  has(absl::StrCat("sds_requests_total{rpc=\"Decode\",code=\"INVALID_ARGUMENT\"} ", kBad));
+  has("sds_requests_total{rpc=\"DecodeBatch\",code=\"OK\"} 3");
+  has("sds_requests_total{rpc=\"AppendKV\",code=\"OK\"} 3");
+  has("sds_requests_total{rpc=\"CreateSequence\",code=\"OK\"} 1");
+  // The start-up self-test wrote 19 tokens in each of 2 layers (page_size + 3).
+  has(absl::StrCat("sds_tokens_appended_total ", 2 * 19 + 30 + kDecodes + 3));
+  has("sds_cache_pages{state=\"total\"} 512");
+  has("sds_sequences 1");
+  has("sds_queue_depth 0");
+  has("sds_active_streams 0");
+  has("sds_build_info{backend=\"cpu\",num_q_heads=\"8\",num_kv_heads=\"2\",head_dim=\"64\","
+      "scale_mode=\"per_tensor\",scales_default=\"false\",version=\"0.1.0\"} 1");
+  for (const char* family : {"sds_batch_size", "sds_batch_queue_seconds",
+                             "sds_batch_compute_seconds", "sds_batch_total_seconds"}) {
+    has(absl::StrCat("# TYPE ", family, " histogram"));
+    EXPECT_NE(text.find(absl::StrCat(family, "_bucket{le=\"+Inf\"}")), std::string::npos);
+  }
+  has("sds_request_latency_seconds_count{rpc=\"Decode\"} " + std::to_string(kDecodes + kBad));
+  // Batches: the self-test's 2 plus ours (at least one per decode, fewer for the batch).
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(text, match, std::regex(R"(\nsds_batches_total (\d+)\n)")));
+  EXPECT_GE(std::stoi(match[1]), 2 + kDecodes + 1);
+}
+
+TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
+  const std::string promtool = SDS_PROMTOOL_PATH;
+  if (promtool.empty()) GTEST_SKIP() << "promtool not installed";
+  const std::string path = TempDir() + "/metrics.txt";
+  std::ofstream(path) << Scrape();
+  std::string output;
+  EXPECT_EQ(RunCommand(promtool + " check metrics < " + path, &output), 0) << output;
+}
+
+TEST_F(MetricsTest, PrometheusScrapesTheServer) {
+  const std::string prometheus = SDS_PROMETHEUS_PATH;
+  if (prometheus.empty()) GTEST_SKIP() << "prometheus not installed";
+  const std::string dir = TempDir();
+  const int port = FreePort();
+  std::ofstream(dir + "/prometheus.yml")
+      << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+      << "scrape_configs:\n  - job_name: sds\n    static_configs:\n"
+      << "      - targets: ['127.0.0.1:" << harness_->server().metrics_port() << "']\n";
+  const pid_t pid = SpawnProcess({prometheus, "--config.file=" + dir + "/prometheus.yml",
+                                  "--storage.tsdb.path=" + dir + "/data",
+                                  "--web.listen-address=127.0.0.1:" + std::to_string(port)},
+                                 dir + "/prometheus.log");
+  ASSERT_GT(pid, 0);
+  // sds_requests_total{rpc="Decode",code="OK"}
+  const std::string query =
+      "/api/v1/query?query=sds_requests_total%7Brpc%3D%22Decode%22%2Ccode%3D%22OK%22%7D";
+  const std::regex value(R"re("value":\[[0-9.e+]+,"([0-9.]+)"\])re");
+  std::string last;
+  bool seen = false;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!seen && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    int status = 0;
+    last = HttpGet(port, query, &status);
+    std::smatch match;
+    if (status == 200 && std::regex_search(last, match, value)) {
+      seen = std::stod(match[1]) == kDecodes;
+    }
+  }
+  StopProcess(pid, std::chrono::seconds(5));
+  EXPECT_TRUE(seen) << "Prometheus never reported " << kDecodes << "; last answer: " << last;
+}
+
+}  // namespace
+}  // namespace sds::itest
