@@ -1,0 +1,278 @@
+// CPU decode attention against a memory read pass measured in the same run.
+//
+// 1. BM_ReadPass: sums a 512 MiB buffer (16x a 32 MiB LLC) with the kernels' thread
+//    pool, on every core (threads:0) and on one (threads:1); its GB/s is the ceiling.
+// 2. BM_CpuDecode at the seed shape scaled to this machine: Hq 32, Hkv 8, D 128,
+//    top-K 512 (distinct, unsorted), page 16, batch 32, sequences of 2048 tokens on
+//    randomly placed pages, four layers used round-robin so that the K/V bytes touched
+//    (4 x 33.5 MB) exceed the LLC. The pool is allocated with transparent huge pages.
+//    GBps counts K/V bytes read: B * Hkv * K * D * 2 (+ 8 bytes of scales per row in
+//    per_token_head mode); ratio_to_read_pass = GBps / read-pass GBps at the same
+//    thread count. Paths: 1 portable, 2 avx2, 3 avx512bf16 (see CpuKernelPath).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <sys/mman.h>
+
+#include "benchmark/benchmark.h"
+#include "kernels/cpu_attention.h"
+#include "kernels/cpu_thread_pool.h"
+#include "kernels/decode_params.h"
+
+namespace sds {
+namespace {
+
+constexpr int kNumQHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kTopK = 512, kPageSize = 16;
+constexpr int kBatch = 32, kSequenceLength = 2048, kNumLayers = 4;
+constexpr size_t kReadBytes = size_t{512} << 20;
+
+// Read-pass GB/s by thread count; set by BM_ReadPass, which runs first.
+std::map<int, double> g_read_pass_gbps;
+
+// A 2 MiB-aligned host buffer with transparent huge pages requested before first touch
+// (random 128-byte rows over hundreds of MB otherwise pay a TLB miss each).
+template <typename T>
+struct HugeBuffer {
+  T* data = nullptr;
+  size_t size = 0;
+  explicit HugeBuffer(size_t count) : size(count) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t bytes = (count * sizeof(T) + kHuge - 1) / kHuge * kHuge;
+    data = static_cast<T*>(std::aligned_alloc(kHuge, bytes));
+    if (data == nullptr) std::abort();
+    madvise(data, bytes, MADV_HUGEPAGE);  // advisory; ignore failure
+  }
+  ~HugeBuffer() { std::free(data); }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+  T& operator[](size_t i) { return data[i]; }
+};
+
+// Cheap deterministic bytes for filling hundreds of MB.
+struct XorShift64 {
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  uint64_t Next() {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  }
+};
+
+// threads == 0 means every core.
+CpuThreadPool& Pool(int threads) {
+  static std::map<int, std::unique_ptr<CpuThreadPool>> pools;
+  std::unique_ptr<CpuThreadPool>& pool = pools[threads];
+  if (!pool) pool = std::make_unique<CpuThreadPool>(threads);
+  return *pool;
+}
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// Argument: threads (0 = every core).
+void BM_ReadPass(benchmark::State& state) {
+  CpuThreadPool& pool = Pool(static_cast<int>(state.range(0)));
+  constexpr int64_t kChunks = 256;
+  constexpr size_t kWords = kReadBytes / sizeof(uint64_t);
+  HugeBuffer<uint64_t> buffer(kWords);
+  for (size_t i = 0; i < kWords; ++i) buffer[i] = i;
+  std::vector<uint64_t> chunk_sums(kChunks);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    pool.ParallelFor(kChunks, [&](int64_t chunk) {
+      const uint64_t* words = buffer.data + chunk * (kWords / kChunks);
+      uint64_t lanes[8] = {};
+      for (size_t i = 0; i < kWords / kChunks; i += 8)
+        for (int lane = 0; lane < 8; ++lane) lanes[lane] += words[i + lane];
+      chunk_sums[chunk] = std::accumulate(lanes, lanes + 8, uint64_t{0});
+    });
+    seconds += Seconds(std::chrono::steady_clock::now() - start);
+    benchmark::DoNotOptimize(chunk_sums.data());
+    benchmark::ClobberMemory();
+  }
+  const double gbps = static_cast<double>(kReadBytes) * state.iterations() / seconds / 1e9;
+  g_read_pass_gbps[static_cast<int>(state.range(0))] = gbps;
+  state.counters["GBps"] = gbps;
+  state.counters["threads"] = pool.num_threads();
+}
+
+// The cache (random FP8 codes, no NaN codes) and one batch per layer.
+struct DecodeSetup {
+  CacheGeometry geo;
+  // k, v: [layers, pages, page_size, Hkv, D] FP8 codes.
+  HugeBuffer<uint8_t> k, v;
+  std::vector<float> k_token_scale, v_token_scale;  // [layers, pages, page_size, Hkv]
+  std::vector<float> layer_k_scale, layer_v_scale;  // [layers]
+  std::vector<int32_t> page_table;                  // [B, pages per sequence]
+  std::vector<int64_t> page_table_offset;           // [B]
+  std::vector<uint16_t> q, gate, out;               // [B, Hq, D]
+  std::vector<float> lse;                           // [B, Hq]
+  std::vector<int64_t> index_offset;                // [B]
+  std::vector<int32_t> topk;                        // [B]
+  std::vector<uint8_t> per_kv_head;                 // [B]
+  std::vector<std::vector<int32_t>> indices;        // per layer: [B, K]
+  std::vector<std::vector<int32_t>> layer;          // per layer: [B]
+
+  static constexpr int kPagesPerSequence = kSequenceLength / kPageSize;
+
+  explicit DecodeSetup(ScaleMode mode)
+      : geo{kNumLayers, kNumKvHeads, kHeadDim, kPageSize, int64_t{kBatch} * kPagesPerSequence,
+            mode},
+        k(kNumLayers * geo.LayerElements()),
+        v(kNumLayers * geo.LayerElements()) {
+    std::mt19937 rng(42);
+    const int pages_per_sequence = kPagesPerSequence;
+    XorShift64 bits;
+    for (HugeBuffer<uint8_t>* codes : {&k, &v}) {
+      for (size_t i = 0; i < codes->size; i += 8) {
+        uint64_t word = bits.Next();
+        for (int byte = 0; byte < 8; ++byte, word >>= 8) {
+          const uint8_t code = static_cast<uint8_t>(word);
+          (*codes)[i + byte] = (code & 0x7F) == 0x7F ? code ^ 1 : code;  // no NaN codes
+        }
+      }
+    }
+    std::uniform_real_distribution<float> scale(0.001f, 0.01f);
+    k_token_scale.resize(kNumLayers * geo.LayerScales());
+    v_token_scale.resize(kNumLayers * geo.LayerScales());
+    for (float& s : k_token_scale) s = scale(rng);
+    for (float& s : v_token_scale) s = scale(rng);
+    layer_k_scale.assign(kNumLayers, 0.005f);
+    layer_v_scale.assign(kNumLayers, 0.005f);
+
+    std::vector<int32_t> pages(geo.num_pages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);  // random page placement
+    page_table = pages;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto bf16 = [](float x) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      return static_cast<uint16_t>(bits >> 16);
+    };
+    for (int b = 0; b < kBatch; ++b) {
+      page_table_offset.push_back(int64_t{b} * pages_per_sequence);
+      index_offset.push_back(int64_t{b} * kTopK);
+      topk.push_back(kTopK);
+      per_kv_head.push_back(0);
+    }
+    for (size_t i = 0; i < size_t{kBatch} * kNumQHeads * kHeadDim; ++i) {
+      q.push_back(bf16(normal(rng)));
+      gate.push_back(bf16(normal(rng)));
+    }
+    out.resize(q.size());
+    lse.resize(size_t{kBatch} * kNumQHeads);
+    std::vector<int32_t> positions(kSequenceLength);
+    std::iota(positions.begin(), positions.end(), 0);
+    for (int l = 0; l < kNumLayers; ++l) {
+      indices.emplace_back();
+      for (int b = 0; b < kBatch; ++b) {
+        std::shuffle(positions.begin(), positions.end(), rng);  // K distinct, unsorted
+        indices[l].insert(indices[l].end(), positions.begin(), positions.begin() + kTopK);
+      }
+      layer.emplace_back(kBatch, l);
+    }
+  }
+
+  CacheView View() {
+    CacheView view;
+    view.geo = geo;
+    view.k = k.data;
+    view.v = v.data;
+    if (geo.scale_mode == ScaleMode::kPerTokenHead) {
+      view.k_token_scale = k_token_scale.data();
+      view.v_token_scale = v_token_scale.data();
+    } else {
+      view.layer_k_scale = layer_k_scale.data();
+      view.layer_v_scale = layer_v_scale.data();
+    }
+    return view;
+  }
+
+  DecodeBatch Batch(int l) {
+    return DecodeBatch{kBatch,
+                       kNumQHeads,
+                       q.data(),
+                       gate.data(),
+                       layer[l].data(),
+                       page_table.data(),
+                       page_table_offset.data(),
+                       indices[l].data(),
+                       index_offset.data(),
+                       topk.data(),
+                       per_kv_head.data(),
+                       out.data(),
+                       lse.data()};
+  }
+};
+
+// Arguments: scale mode (0 per_tensor, 1 per_token_head), kernel path (CpuKernelPath:
+// 1 portable, 2 avx2, 3 avx512bf16).
+void BM_CpuDecode(benchmark::State& state) {
+  const ScaleMode mode = state.range(0) ? ScaleMode::kPerTokenHead : ScaleMode::kPerTensor;
+  const CpuKernelPath path = static_cast<CpuKernelPath>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  CpuThreadPool& pool = Pool(threads);
+  if (ResolveCpuKernelPath(path, kHeadDim) != path) {
+    state.SkipWithError("this CPU lacks the instructions of the requested kernel path");
+    return;
+  }
+  DecodeSetup setup(mode);
+  const CacheView view = setup.View();
+  const double rows = double{kBatch} * kNumKvHeads * kTopK;
+  const double bytes = rows * kHeadDim * 2 + (mode == ScaleMode::kPerTokenHead ? rows * 8 : 0);
+  for (int l = 0; l < kNumLayers; ++l) CpuDecode(view, setup.Batch(l), &pool, path);  // warm
+  double seconds = 0;
+  int l = 0;
+  for (auto _ : state) {
+    const DecodeBatch batch = setup.Batch(l);
+    l = (l + 1) % kNumLayers;
+    const auto start = std::chrono::steady_clock::now();
+    CpuDecode(view, batch, &pool, path);
+    seconds += Seconds(std::chrono::steady_clock::now() - start);
+    benchmark::DoNotOptimize(setup.out.data());
+  }
+  const double gbps = bytes * state.iterations() / seconds / 1e9;
+  state.counters["GBps"] = gbps;
+  const double read_gbps = g_read_pass_gbps.count(threads) ? g_read_pass_gbps[threads] : 0.0;
+  state.counters["ratio_to_read_pass"] = read_gbps > 0 ? gbps / read_gbps : 0.0;
+  state.counters["ms_per_batch"] = seconds / state.iterations() * 1e3;
+  state.counters["threads"] = pool.num_threads();
+}
+
+BENCHMARK(BM_ReadPass)
+    ->ArgName("threads")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+// Every path at all cores, then the fastest available path on one core.
+BENCHMARK(BM_CpuDecode)
+    ->ArgNames({"token_head_scale", "path", "threads"})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx512Bf16), 0})
+    ->Args({1, static_cast<int>(CpuKernelPath::kAvx512Bf16), 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 0})
+    ->Args({1, static_cast<int>(CpuKernelPath::kAvx2), 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kPortable), 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx512Bf16), 1})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+
+}  // namespace
+}  // namespace sds
+
+BENCHMARK_MAIN();
