@@ -9,7 +9,7 @@ namespace sds::server {
 absl::Status DecodeAdmission::Submit(const std::string& tenant,
                                      const sparse_decode::v1::DecodeRequest* request,
                                      sparse_decode::v1::DecodeResponse* response,
-                                     Clock::time_point deadline,
+                                     Clock::time_point deadline, std::function<bool()> cancelled,
                                      std::function<void(const absl::Status&)> done) const {
   if (absl::Status s = ValidateDecode(*request, model_); !s.ok()) return s;
   std::string key = SequenceKey(tenant, request->sequence_id());
@@ -25,6 +25,7 @@ absl::Status DecodeAdmission::Submit(const std::string& tenant,
   work.response = response;
   work.key = std::move(key);
   work.deadline = deadline;
+  work.cancelled = std::move(cancelled);
   work.done = std::move(done);
   return batcher_->SubmitDecode(std::move(work));
 }

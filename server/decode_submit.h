@@ -22,6 +22,7 @@ class DecodeAdmission {
   // `response` must stay alive until `done` has run.
   absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
                       sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
+                      std::function<bool()> cancelled,
                       std::function<void(const absl::Status&)> done) const;
 
  private:

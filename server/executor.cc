@@ -69,6 +69,10 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
       status[i] = DeadlineError();
       continue;
     }
+    if (items[i].cancelled && items[i].cancelled()) {
+      status[i] = absl::CancelledError("the call was cancelled before it ran");
+      continue;
+    }
     status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots_);
     if (!status[i].ok()) continue;
     if (rows != i) staging.MoveRow(rows, i);

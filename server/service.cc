@@ -156,8 +156,9 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext*
                                                     v1::DecodeResponse* response) {
   return Serve(context, metrics_, "Decode", Admit(*context),
                [&](const std::string& tenant, const Finisher& finish) {
-                 absl::Status s =
-                     admission_.Submit(tenant, request, response, DeadlineOf(*context), finish);
+                 absl::Status s = admission_.Submit(
+                     tenant, request, response, DeadlineOf(*context),
+                     [context] { return context->IsCancelled(); }, finish);
                  if (!s.ok()) finish(s);
                });
 }
@@ -187,7 +188,8 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
             metrics_->CountRequest(kDecodeBatchRpc, s.code());
             if (remaining->fetch_sub(1) == 1) finish(absl::OkStatus());
           };
-          absl::Status s = admission_.Submit(tenant, item, slot, deadline, done);
+          absl::Status s = admission_.Submit(
+              tenant, item, slot, deadline, [context] { return context->IsCancelled(); }, done);
           if (!s.ok()) done(s);
         }
       },

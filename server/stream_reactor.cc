@@ -56,9 +56,10 @@ void DecodeStreamReactor::Submit(std::shared_ptr<Call> call) {
     if (env_.draining->load()) {
       status = absl::UnavailableError("server is draining");
     } else {
-      status =
-          env_.admission->Submit(tenant_, &call->request, &call->response, DeadlineOf(*context_),
-                                 [this, call](const absl::Status& s) { Answer(call, s); });
+      status = env_.admission->Submit(
+          tenant_, &call->request, &call->response, DeadlineOf(*context_),
+          [this] { return context_->IsCancelled(); },
+          [this, call](const absl::Status& s) { Answer(call, s); });
     }
   } catch (const std::exception& e) {
     spdlog::error("DecodeStream: exception while submitting: {}", e.what());

@@ -24,7 +24,8 @@ struct DecodeWork {
   sparse_decode::v1::DecodeResponse* response = nullptr;
   std::string key;  // tenant-qualified sequence id (auth.h)
   Clock::time_point deadline = Clock::time_point::max();
-  Clock::time_point enqueued;  // set by the batcher
+  Clock::time_point enqueued;       // set by the batcher
+  std::function<bool()> cancelled;  // optional: the caller gave up (not run, CANCELLED)
   std::function<void(const absl::Status&)> done;
 };
 
