@@ -9,6 +9,9 @@
 //    GBps counts K/V bytes read: B * Hkv * K * D * 2 (+ 8 bytes of scales per row in
 //    per_token_head mode); ratio_to_read_pass = GBps / read-pass GBps at the same
 //    thread count. Paths: 1 portable, 2 avx2, 3 avx512bf16 (see CpuKernelPath).
+// 3. BM_GatherPass: the decode's number of random 128-byte rows with no arithmetic;
+//    ratio_to_gather = decode GBps / gather GBps (how close to the access pattern's
+//    own ceiling the kernel gets).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -36,6 +39,8 @@ constexpr size_t kReadBytes = size_t{512} << 20;
 
 // Read-pass GB/s by thread count; set by BM_ReadPass, which runs first.
 std::map<int, double> g_read_pass_gbps;
+// Random-row gather GB/s by thread count; set by BM_GatherPass, which runs second.
+std::map<int, double> g_gather_pass_gbps;
 
 // A 2 MiB-aligned host buffer with transparent huge pages requested before first touch
 // (random 128-byte rows over hundreds of MB otherwise pay a TLB miss each).
@@ -103,6 +108,49 @@ void BM_ReadPass(benchmark::State& state) {
   }
   const double gbps = static_cast<double>(kReadBytes) * state.iterations() / seconds / 1e9;
   g_read_pass_gbps[static_cast<int>(state.range(0))] = gbps;
+  state.counters["GBps"] = gbps;
+  state.counters["threads"] = pool.num_threads();
+}
+
+// Argument: threads. A second ceiling: the same number of random 128-byte rows as one
+// decode batch reads (B * Hkv * K * 2), gathered from the 512 MiB buffer with the same
+// prefetch distance and no arithmetic. Random row gathers, not the sequential read
+// pass, are what paged top-K attention can reach at best.
+void BM_GatherPass(benchmark::State& state) {
+  CpuThreadPool& pool = Pool(static_cast<int>(state.range(0)));
+  constexpr int kRowBytes = kHeadDim, kPrefetch = 32;
+  constexpr int64_t kRows = int64_t{kBatch} * kNumKvHeads * kTopK * 2, kChunks = 256;
+  HugeBuffer<uint8_t> buffer(kReadBytes);
+  std::memset(buffer.data, 1, kReadBytes);
+  std::vector<int64_t> offsets(kRows);
+  XorShift64 bits;
+  for (int64_t& offset : offsets) offset = bits.Next() % (kReadBytes / kRowBytes) * kRowBytes;
+  std::vector<uint64_t> chunk_sums(kChunks);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    pool.ParallelFor(kChunks, [&](int64_t chunk) {
+      const int64_t begin = chunk * (kRows / kChunks), end = begin + kRows / kChunks;
+      uint64_t lanes[kRowBytes / 8] = {};
+      for (int64_t r = begin; r < end; ++r) {
+        if (r + kPrefetch < end)
+          for (int byte = 0; byte < kRowBytes; byte += 64)
+            __builtin_prefetch(buffer.data + offsets[r + kPrefetch] + byte);
+        const uint8_t* row = buffer.data + offsets[r];
+        for (int lane = 0; lane < kRowBytes / 8; ++lane) {
+          uint64_t word;
+          std::memcpy(&word, row + 8 * lane, sizeof word);
+          lanes[lane] += word;
+        }
+      }
+      chunk_sums[chunk] = std::accumulate(std::begin(lanes), std::end(lanes), uint64_t{0});
+    });
+    seconds += Seconds(std::chrono::steady_clock::now() - start);
+    benchmark::DoNotOptimize(chunk_sums.data());
+    benchmark::ClobberMemory();
+  }
+  const double gbps = double{kRowBytes} * kRows * state.iterations() / seconds / 1e9;
+  g_gather_pass_gbps[static_cast<int>(state.range(0))] = gbps;
   state.counters["GBps"] = gbps;
   state.counters["threads"] = pool.num_threads();
 }
@@ -247,11 +295,20 @@ void BM_CpuDecode(benchmark::State& state) {
   state.counters["GBps"] = gbps;
   const double read_gbps = g_read_pass_gbps.count(threads) ? g_read_pass_gbps[threads] : 0.0;
   state.counters["ratio_to_read_pass"] = read_gbps > 0 ? gbps / read_gbps : 0.0;
+  const double gather_gbps = g_gather_pass_gbps.count(threads) ? g_gather_pass_gbps[threads] : 0.0;
+  state.counters["ratio_to_gather"] = gather_gbps > 0 ? gbps / gather_gbps : 0.0;
   state.counters["ms_per_batch"] = seconds / state.iterations() * 1e3;
   state.counters["threads"] = pool.num_threads();
 }
 
 BENCHMARK(BM_ReadPass)
+    ->ArgName("threads")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+BENCHMARK(BM_GatherPass)
     ->ArgName("threads")
     ->Arg(0)
     ->Arg(1)
