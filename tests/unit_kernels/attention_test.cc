@@ -155,6 +155,23 @@ TEST_P(CpuDecodeCaseTest, LargeMagnitudeScores) {
   }
 }
 
+// Head dims that select the narrower kernels (D % 32 != 0 or D % 16 != 0) and group
+// sizes without a dedicated tile (3, 16).
+TEST_P(CpuDecodeCaseTest, UnusualShapes) {
+  for (auto [hq, hkv, d] : {std::tuple{8, 2, 16}, std::tuple{8, 2, 48}, std::tuple{8, 4, 96},
+                            std::tuple{12, 4, 64}, std::tuple{32, 2, 32}, std::tuple{6, 2, 8}}) {
+    SCOPED_TRACE("hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " d " +
+                 std::to_string(d));
+    BatchSpec spec;
+    spec.num_q_heads = hq;
+    spec.num_kv_heads = hkv;
+    spec.head_dim = d;
+    spec.batch_size = 3;
+    spec.max_topk = 80;
+    RunAndCheck(spec, GetParam(), FreshSeed(), &SharedPool());
+  }
+}
+
 // Almost every stored code is an FP8 subnormal (|x / scale| < 2^-6): the bf16 dot
 // product path must not flush them.
 TEST_P(CpuDecodeCaseTest, SubnormalCodes) {
