@@ -19,12 +19,22 @@
 #include "kernels/cuda/decode_params_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 
+// cp.async ring depth per warp for head_dim 128: 3 stages fit 4 CTAs per SM, which
+// measured 5% faster than 4 stages and 3 CTAs per SM on the H200 (bench/RESULTS.md).
+#ifndef SDS_DECODE_STAGES_D128
+#define SDS_DECODE_STAGES_D128 3
+#endif
+// Minimum resident CTAs per SM asked of the register allocator (launch bounds).
+#ifndef SDS_DECODE_MIN_CTAS
+#define SDS_DECODE_MIN_CTAS 1
+#endif
+
 namespace sds::cuda {
 
 template <int D, bool kPerToken>
 struct DecodeTile {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim");
-  static constexpr int kStages = D == 256 ? 2 : 4;
+  static constexpr int kStages = D == 256 ? 2 : (D == 128 ? SDS_DECODE_STAGES_D128 : 4);
   static constexpr int kRowChunks = D / 16;                      // 16-byte pieces of a row
   static constexpr int kStageBytes = 2 * kDecodeStepTokens * D;  // K rows, then V rows
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
@@ -59,7 +69,8 @@ __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-
 
 // kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
 template <int D, int kRows, bool kPerToken>
-__global__ void __launch_bounds__(kDecodeThreads) SparseDecodeKernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
+    SparseDecodeKernel(const DecodeParams p) {
   using T = DecodeTile<D, kPerToken>;
   constexpr int kChunk = kDecodeChunkTokens;
   constexpr int kR = kRows / 8;  // accumulator rows per thread (1 or 2)
