@@ -154,10 +154,17 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
     }
     std::vector<Entry> kept;
     for (size_t i = 0; i < actions.size(); ++i) {
-      DecodeWork& d = std::get<DecodeWork>(queue_[i]);
-      if (actions[i] == kTake) decodes->push_back(std::move(d));
-      if (actions[i] == kExpire) expired->push_back(std::move(d));
-      if (actions[i] == kKeep) kept.push_back(std::move(queue_[i]));
+      switch (actions[i]) {
+        case kTake:
+          decodes->push_back(std::get<DecodeWork>(std::move(queue_[i])));
+          break;
+        case kExpire:
+          expired->push_back(std::get<DecodeWork>(std::move(queue_[i])));
+          break;
+        case kKeep:
+          kept.push_back(std::move(queue_[i]));
+          break;
+      }
     }
     queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(actions.size()));
     queue_.insert(queue_.begin(), std::make_move_iterator(kept.begin()),

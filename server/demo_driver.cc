@@ -41,7 +41,7 @@ bool Serving(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::ByteBuffer request(&empty, 1), response;
   std::promise<grpc::Status> done;
   stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) { done.set_value(s); });
+                 [&](const grpc::Status& s) { done.set_value(s); });
   if (!done.get_future().get().ok()) return false;
   std::vector<grpc::Slice> slices;
   response.Dump(&slices);
@@ -50,7 +50,7 @@ bool Serving(const std::shared_ptr<grpc::Channel>& channel) {
          slices[0].begin()[1] == 0x01;
 }
 
-v1::Tensor Bf16(std::mt19937& rng, std::vector<int64_t> shape) {
+v1::Tensor Bf16(std::mt19937& rng, const std::vector<int64_t>& shape) {
   v1::Tensor t;
   t.set_dtype(v1::BF16);
   int64_t n = 1;
@@ -124,6 +124,7 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
   std::vector<int64_t> batch_sizes(sequences, 0);
   std::atomic<int> errors{0};
   std::vector<std::thread> threads;
+  threads.reserve(sequences);
   const auto load_start = Clock::now();
   for (int i = 0; i < sequences; ++i) {
     threads.emplace_back([&, i] {

@@ -1,11 +1,11 @@
 #include "server/metrics.h"
 
+#include <charconv>
 #include <cmath>
 #include <memory>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 
 namespace sds::server {
 namespace {
@@ -17,9 +17,12 @@ std::vector<double> LatencyBuckets() {
 
 std::vector<double> BatchSizeBuckets() { return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}; }
 
+// Shortest text that reads back as the same double.
 std::string Number(double value) {
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  return absl::StrFormat("%.17g", value);
+  char buffer[64];
+  auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
 }
 
 void Header(std::string* out, absl::string_view name, absl::string_view type,

@@ -25,6 +25,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
         absl::StrCat("cannot serve /metrics on '", listen, "' (address in use or invalid?)"));
   }
   mg_set_request_handler(server->context_, "/metrics", &MetricsHttpServer::Handle, server.get());
+  mg_server_port ports[4];
+  if (mg_get_server_ports(server->context_, 4, ports) > 0) server->port_ = ports[0].port;
   return server;
 }
 

@@ -19,6 +19,7 @@ class MetricsHttpServer {
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& listen, std::function<std::string()> render);
   ~MetricsHttpServer();
+  int port() const { return port_; }  // the bound port (useful with port 0)
 
  private:
   MetricsHttpServer() = default;
@@ -26,6 +27,7 @@ class MetricsHttpServer {
 
   std::function<std::string()> render_;
   mg_context* context_ = nullptr;
+  int port_ = 0;
 };
 
 }  // namespace sds::server

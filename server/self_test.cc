@@ -104,7 +104,7 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
       AppendWork work;
       work.request = &p->append;
       work.key = key;
-      work.done = [p](absl::StatusOr<int64_t> length) {
+      work.done = [p](const absl::StatusOr<int64_t>& length) {
         p->status = length.status();
         p->done.Notify();
       };
@@ -123,6 +123,7 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
     SetBf16(req.mutable_k(), {hkv, d}, kv_values(tokens - 1, 1, k_scale));
     SetBf16(req.mutable_v(), {hkv, d}, kv_values(tokens - 1, 1, v_scale));
     std::vector<float> gate;
+    gate.reserve(static_cast<size_t>(hq) * d);
     for (int32_t h = 0; h < hq; ++h)
       for (int32_t e = 0; e < d; ++e)
         gate.push_back(0.5f * static_cast<float>((h * 7 + e) % 9 - 4));

@@ -47,10 +47,10 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
       StartRead(reading_.get());
     }
   }
-  Submit(std::move(call));  // answered UNAVAILABLE when draining
+  Submit(call);  // answered UNAVAILABLE when draining
 }
 
-void DecodeStreamReactor::Submit(std::shared_ptr<Call> call) {
+void DecodeStreamReactor::Submit(const std::shared_ptr<Call>& call) {
   absl::Status status;
   try {
     if (env_.draining->load()) {

@@ -48,7 +48,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
     Clock::time_point start;
   };
 
-  void Submit(std::shared_ptr<Call> call);
+  void Submit(const std::shared_ptr<Call>& call);
   void Answer(const std::shared_ptr<Call>& call, const absl::Status& status);
   void MaybeFinishLocked();  // requires mu_
 
