@@ -42,12 +42,18 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
     call->request = std::move(*reading_);
     call->start = Clock::now();
     ++pending_;
-    if (!drained_) {
-      reading_->Clear();
-      StartRead(reading_.get());
-    }
   }
+  // Queue this request before reading the next one: requests of one stream enter the
+  // batcher in the order they were sent (same-(sequence, layer) pipelining relies on it).
   Submit(call);  // answered UNAVAILABLE when draining
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_ || drained_) {
+    reads_done_ = true;
+    MaybeFinishLocked();
+    return;
+  }
+  reading_->Clear();
+  StartRead(reading_.get());
 }
 
 void DecodeStreamReactor::Submit(const std::shared_ptr<Call>& call) {

@@ -151,7 +151,12 @@ TEST_P(DecodeTest, ConcurrentClientsAllMatch) {
     InputGen gen(5);
     for (int t = 0; t < kThreads; ++t) h.CreateAndPrefill(gen, "c" + std::to_string(t), 10 + t);
   }
-  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  auto fail = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    failures.push_back(what);
+  };
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -168,7 +173,10 @@ TEST_P(DecodeTest, ConcurrentClientsAllMatch) {
           v1::DecodeResponse resp;
           grpc::Status s = stub->Decode(Context().get(), r, &resp);
           h.mirror().WriteDecodeToken(r);
-          if (!s.ok() || !h.mirror().Check(r, resp).empty()) failures++;
+          if (!s.ok()) fail("Decode: " + s.error_message());
+          if (s.ok()) {
+            if (std::string p = h.mirror().Check(r, resp); !p.empty()) fail("Decode: " + p);
+          }
         } else if (mode == 1) {
           v1::DecodeBatchRequest batch;
           for (int32_t l = 0; l < h.model().num_layers; ++l) {
@@ -180,11 +188,12 @@ TEST_P(DecodeTest, ConcurrentClientsAllMatch) {
           for (int i = 0; i < batch.requests_size(); ++i)
             h.mirror().WriteDecodeToken(batch.requests(i));
           if (!s.ok() || resp.responses_size() != batch.requests_size()) {
-            failures++;
+            fail("DecodeBatch: " + s.error_message());
             continue;
           }
           for (int i = 0; i < batch.requests_size(); ++i) {
-            if (!h.mirror().Check(batch.requests(i), resp.responses(i)).empty()) failures++;
+            std::string p = h.mirror().Check(batch.requests(i), resp.responses(i));
+            if (!p.empty()) fail("DecodeBatch item: " + p);
           }
         } else {
           grpc::ClientContext context;
@@ -202,18 +211,23 @@ TEST_P(DecodeTest, ConcurrentClientsAllMatch) {
           size_t got = 0;
           while (stream->Read(&resp)) {
             ++got;
-            if (!sent.count(resp.request_id()) ||
-                !h.mirror().Check(sent[resp.request_id()], resp).empty()) {
-              failures++;
+            if (!sent.count(resp.request_id())) {
+              fail("DecodeStream: unknown request_id");
+            } else if (std::string p = h.mirror().Check(sent[resp.request_id()], resp);
+                       !p.empty()) {
+              fail("DecodeStream: " + p);
             }
           }
-          if (!stream->Finish().ok() || got != sent.size()) failures++;
+          grpc::Status s = stream->Finish();
+          if (!s.ok() || got != sent.size()) {
+            fail("DecodeStream finish: " + s.error_message() + " answered " + std::to_string(got));
+          }
         }
       }
     });
   }
   for (auto& thread : threads) thread.join();
-  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failures, first: " << failures[0];
 }
 
 INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
