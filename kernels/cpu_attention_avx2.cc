@@ -19,9 +19,6 @@
 namespace sds::cpu_internal {
 namespace {
 
-constexpr float kCodeScale = 256.0f;  // dequantised buffers hold value / 256
-constexpr int kPrefetchRows = 32;     // how far ahead K and V rows are prefetched
-
 // codes: [D] FP8 bytes -> values: [D] floats equal to value / 256.
 inline void DequantiseRow(const uint8_t* codes, int head_dim, float* values) {
   const __m256i fp16_mask = _mm256_set1_epi16(static_cast<int16_t>(0xBF80));
@@ -31,16 +28,6 @@ inline void DequantiseRow(const uint8_t* codes, int head_dim, float* values) {
         _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7), fp16_mask);
     _mm256_storeu_ps(values + j, _mm256_cvtph_ps(_mm256_castsi256_si128(halves)));
     _mm256_storeu_ps(values + j + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)));
-  }
-}
-
-// Prefetches the K and V rows of row n (if it exists) into L1.
-inline void PrefetchRows(const DecodeItem& item, int n, int stride) {
-  if (n >= stride) return;
-  const int64_t offset = item.rows[n] * item.head_dim;
-  for (int byte = 0; byte < item.head_dim; byte += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(item.k_layer + offset + byte), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(item.v_layer + offset + byte), _MM_HINT_T0);
   }
 }
 
@@ -90,7 +77,8 @@ void ScorePass(const DecodeItem& item, int stride) {
                     item.row_buffer + t * head_dim);
     }
     float factor[kRows];
-    for (int t = 0; t < kRows; ++t) factor[t] = item.k_scale[n0 + t] * item.inv_sqrt_d * kCodeScale;
+    for (int t = 0; t < kRows; ++t)
+      factor[t] = item.k_scale[n0 + t] * item.inv_sqrt_d * kFp16CodeScale;
     for (int g0 = 0; g0 < item.group; g0 += kHeads) {
       __m256 acc[8];
       for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
@@ -113,141 +101,6 @@ void ScorePass(const DecodeItem& item, int stride) {
     }
   }
 }
-
-// ScorePass with AVX-512 BF16 dot products (twice the multiply-adds per instruction).
-// FP8 -> fp16 -> float -> bf16 is exact (value / 256, a normal bf16 even for FP8
-// subnormals, so the instruction's denormal flushing never drops a key); q is bf16
-// already; the products are exact and accumulate in float32. Needs D % 32 == 0.
-#define SDS_AVX512_BF16_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512bf16"
-// GCC 12's AVX-512 cast/extract intrinsics trip -Wmaybe-uninitialized on their own
-// undefined pass-through operand (GCC PR 105593); the warning is about the header.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-__attribute__((target(SDS_AVX512_BF16_TARGET))) inline __m512bh DequantiseThirtyTwoBf16(
-    const uint8_t* codes) {
-  const __m512i halves = _mm512_and_si512(
-      _mm512_slli_epi16(
-          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes))), 7),
-      _mm512_set1_epi16(static_cast<int16_t>(0xBF80)));
-  const __m512 low = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
-  const __m512 high = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1));
-  return _mm512_cvtne2ps_pbh(high, low);  // elements 0..15 from low, 16..31 from high
-}
-
-__attribute__((target(SDS_AVX512_BF16_TARGET))) inline __m256 FoldToEight(__m512 x) {
-  return _mm256_add_ps(_mm512_castps512_ps256(x),
-                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-}
-
-template <int kHeads>
-__attribute__((target(SDS_AVX512_BF16_TARGET))) void ScorePassBf16(const DecodeItem& item,
-                                                                   int stride) {
-  constexpr int kRows = 8 / kHeads;
-  const int head_dim = item.head_dim;
-  // The tile's K rows as bf16, dequantised once and shared by every head block.
-  uint16_t* keys = reinterpret_cast<uint16_t*>(item.row_buffer);  // [kRows, D] bf16
-  const int chunks = head_dim / 32;
-  for (int n = 0; n < kPrefetchRows; ++n) PrefetchRows(item, n, stride);
-  for (int n0 = 0; n0 < stride; n0 += kRows) {
-    float factor[kRows];
-    for (int t = 0; t < kRows; ++t) {
-      PrefetchRows(item, n0 + t + kPrefetchRows, stride);
-      const uint8_t* codes = item.k_layer + item.rows[n0 + t] * head_dim;
-      for (int c = 0; c < chunks; ++c)
-        _mm512_storeu_si512(keys + t * head_dim + 32 * c,
-                            (__m512i)DequantiseThirtyTwoBf16(codes + 32 * c));
-      factor[t] = item.k_scale[n0 + t] * item.inv_sqrt_d * kCodeScale;
-    }
-    for (int g0 = 0; g0 < item.group; g0 += kHeads) {
-      __m512 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
-      const uint16_t* q = item.q + g0 * head_dim;
-      for (int c = 0; c < chunks; ++c) {
-        for (int h = 0; h < kHeads; ++h) {
-          const __m512bh query = (__m512bh)_mm512_loadu_si512(q + h * head_dim + 32 * c);
-          for (int t = 0; t < kRows; ++t)
-            acc[t * kHeads + h] =
-                _mm512_dpbf16_ps(acc[t * kHeads + h], query,
-                                 (__m512bh)_mm512_loadu_si512(keys + t * head_dim + 32 * c));
-        }
-      }
-      __m256 folded[8];
-      for (int i = 0; i < 8; ++i) folded[i] = FoldToEight(acc[i]);
-      alignas(32) float dots[8];
-      _mm256_store_ps(dots, ReduceEight(folded));
-      for (int t = 0; t < kRows; ++t)
-        for (int h = 0; h < kHeads; ++h)
-          item.scores[(g0 + h) * stride + n0 + t] = dots[t * kHeads + h] * factor[t];
-    }
-  }
-}
-
-// 16 FP8 codes -> 16 floats equal to value / 256 (same bit trick, one zmm).
-__attribute__((target(SDS_AVX512_BF16_TARGET))) inline __m512 DequantiseSixteenZmm(
-    const uint8_t* codes) {
-  const __m256i halves = _mm256_and_si256(
-      _mm256_slli_epi16(
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))), 7),
-      _mm256_set1_epi16(static_cast<int16_t>(0xBF80)));
-  return _mm512_cvtph_ps(halves);
-}
-
-// ValuePassInRegisters with zmm accumulators: kHeads * kVecs of them (<= 16) hold a
-// chunk of 16 * kVecs dimensions of all G == kHeads heads while the rows stream by.
-template <int kHeads, int kVecs>
-__attribute__((target(SDS_AVX512_BF16_TARGET))) void ValuePassZmm(const DecodeItem& item,
-                                                                  int stride) {
-  static_assert(kHeads * kVecs <= 16);
-  const int head_dim = item.head_dim, num_rows = item.num_rows;
-  for (int n = 0; n < num_rows; ++n)
-    for (int h = 0; h < kHeads; ++h)
-      item.weights[n * kHeads + h] = item.scores[h * stride + n] * item.v_scale[n] * kCodeScale;
-  for (int j0 = 0; j0 < head_dim; j0 += 16 * kVecs) {
-    __m512 acc[kHeads][kVecs];
-    for (int h = 0; h < kHeads; ++h)
-      for (int v = 0; v < kVecs; ++v) acc[h][v] = _mm512_setzero_ps();
-    const uint8_t* chunk = item.v_layer + j0;
-    for (int n = 0; n < num_rows; ++n) {
-      const uint8_t* codes = chunk + item.rows[n] * head_dim;
-      __m512 value[kVecs];
-      for (int v = 0; v < kVecs; ++v) value[v] = DequantiseSixteenZmm(codes + 16 * v);
-      for (int h = 0; h < kHeads; ++h) {
-        const __m512 weight = _mm512_set1_ps(item.weights[n * kHeads + h]);
-        for (int v = 0; v < kVecs; ++v) acc[h][v] = _mm512_fmadd_ps(weight, value[v], acc[h][v]);
-      }
-    }
-    for (int h = 0; h < kHeads; ++h)
-      for (int v = 0; v < kVecs; ++v)
-        _mm512_storeu_ps(item.acc + h * head_dim + j0 + 16 * v, acc[h][v]);
-  }
-}
-
-// The zmm value pass for G in {1, 2, 4, 8}; false when the shape does not fit.
-__attribute__((target(SDS_AVX512_BF16_TARGET))) bool TryValuePassZmm(const DecodeItem& item,
-                                                                     int stride) {
-  const int head_dim = item.head_dim;
-  switch (item.group) {
-    case 1:
-      if (head_dim % 128 != 0) return false;
-      ValuePassZmm<1, 8>(item, stride);
-      return true;
-    case 2:
-      if (head_dim % 128 != 0) return false;
-      ValuePassZmm<2, 8>(item, stride);
-      return true;
-    case 4:
-      if (head_dim % 64 != 0) return false;
-      ValuePassZmm<4, 4>(item, stride);
-      return true;
-    case 8:
-      ValuePassZmm<8, 2>(item, stride);  // D % 32 == 0 holds on this path
-      return true;
-    default:
-      return false;
-  }
-}
-#pragma GCC diagnostic pop
 
 // Turns scores into normalised probabilities per head (padded tail becomes 0).
 void SoftmaxPass(const DecodeItem& item, int stride) {
@@ -299,7 +152,7 @@ void ValuePass(const DecodeItem& item, int stride) {
       for (int h = 0; h < kHeads; ++h)
         for (int t = 0; t < kRows; ++t)
           weight[h][t] = _mm256_set1_ps(item.scores[(g0 + h) * stride + n0 + t] *
-                                        item.v_scale[n0 + t] * kCodeScale);
+                                        item.v_scale[n0 + t] * kFp16CodeScale);
       for (int j = 0; j < head_dim; j += 8) {
         __m256 value[kRows];
         for (int t = 0; t < kRows; ++t)
@@ -332,7 +185,7 @@ void ValuePassInRegisters(const DecodeItem& item, int stride) {
   const int head_dim = item.head_dim, num_rows = item.num_rows;
   for (int n = 0; n < num_rows; ++n)
     for (int h = 0; h < kHeads; ++h)
-      item.weights[n * kHeads + h] = item.scores[h * stride + n] * item.v_scale[n] * kCodeScale;
+      item.weights[n * kHeads + h] = item.scores[h * stride + n] * item.v_scale[n] * kFp16CodeScale;
   for (int j0 = 0; j0 < head_dim; j0 += 8 * kVecs) {
     __m256 acc[kHeads][kVecs];
     for (int h = 0; h < kHeads; ++h)
@@ -382,13 +235,7 @@ void DecodeItemAvx2(const DecodeItem& item) {
   if (!item.bf16_scores)
     for (int e = 0; e < item.group * item.head_dim; ++e) item.q_f32[e] = Bf16ToFloat(item.q[e]);
   if (item.bf16_scores) {
-    if (item.group % 4 == 0) {
-      ScorePassBf16<4>(item, stride);
-    } else if (item.group % 2 == 0) {
-      ScorePassBf16<2>(item, stride);
-    } else {
-      ScorePassBf16<1>(item, stride);
-    }
+    ScorePassAvx512Bf16(item, stride);
   } else if (item.group % 4 == 0) {
     ScorePass<4>(item, stride);
   } else if (item.group % 2 == 0) {
@@ -398,7 +245,7 @@ void DecodeItemAvx2(const DecodeItem& item) {
   }
   SoftmaxPass(item, stride);
   const int head_dim = item.head_dim;
-  if (item.bf16_scores && TryValuePassZmm(item, stride)) {
+  if (item.bf16_scores && TryValuePassAvx512(item, stride)) {
     // done
   } else if (item.group == 4 && head_dim % 16 == 0) {
     ValuePassInRegisters<4, 2>(item, stride);

@@ -38,6 +38,28 @@ void DecodeItemPortable(const DecodeItem& item);
 // AVX-512F/BW/BF16.
 void DecodeItemAvx2(const DecodeItem& item);
 
+// The x86 kernels dequantise FP8 through fp16 bits, giving value / 256 (see
+// cpu_attention_avx2.cc); the factor is folded back into the scales.
+inline constexpr float kFp16CodeScale = 256.0f;
+// How many rows ahead the x86 kernels prefetch K and V.
+inline constexpr int kPrefetchRows = 32;
+
+// AVX-512 BF16 parts (cpu_attention_avx512.cc), called from DecodeItemAvx2 only when
+// bf16_scores is set. scores: [G, stride] out. TryValuePassAvx512 fills acc [G, D] and
+// returns true for G in {1, 2, 4, 8} (with D % 128, 128, 64, 32 == 0), else false.
+void ScorePassAvx512Bf16(const DecodeItem& item, int stride);
+bool TryValuePassAvx512(const DecodeItem& item, int stride);
+
+// Prefetches the K and V rows of row n (when n < stride) towards L1.
+inline void PrefetchRows(const DecodeItem& item, int n, int stride) {
+  if (n >= stride) return;
+  const int64_t offset = item.rows[n] * item.head_dim;
+  for (int byte = 0; byte < item.head_dim; byte += 64) {
+    __builtin_prefetch(item.k_layer + offset + byte, 0, 3);
+    __builtin_prefetch(item.v_layer + offset + byte, 0, 3);
+  }
+}
+
 // exp(x) for x <= 0 (inputs below -87 give ~1e-38), within ~2 float ulps. Scalar
 // companion of the vector version in the AVX2 kernel.
 inline float ExpNonPositive(float x) {
