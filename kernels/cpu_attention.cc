@@ -1,6 +1,6 @@
 #include "kernels/cpu_attention.h"
 
-#include <array>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>

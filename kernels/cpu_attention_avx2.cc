@@ -228,38 +228,47 @@ void GatePass(const DecodeItem& item) {
   }
 }
 
-}  // namespace
-
-void DecodeItemAvx2(const DecodeItem& item) {
-  const int stride = (item.num_rows + 7) / 8 * 8;
-  if (!item.bf16_scores)
-    for (int e = 0; e < item.group * item.head_dim; ++e) item.q_f32[e] = Bf16ToFloat(item.q[e]);
-  if (item.bf16_scores) {
-    ScorePassAvx512Bf16(item, stride);
-  } else if (item.group % 4 == 0) {
+// Scores with fp32 FMAs: q converted to float once, tiles chosen by G.
+void ScorePassAvx2(const DecodeItem& item, int stride) {
+  for (int e = 0; e < item.group * item.head_dim; ++e) item.q_f32[e] = Bf16ToFloat(item.q[e]);
+  if (item.group % 4 == 0) {
     ScorePass<4>(item, stride);
   } else if (item.group % 2 == 0) {
     ScorePass<2>(item, stride);
   } else {
     ScorePass<1>(item, stride);
   }
-  SoftmaxPass(item, stride);
-  const int head_dim = item.head_dim;
-  if (item.bf16_scores && TryValuePassAvx512(item, stride)) {
-    // done
-  } else if (item.group == 4 && head_dim % 16 == 0) {
+}
+
+// The value pass for G and D: register-resident accumulators where a tile fits.
+void ValuePassAvx2(const DecodeItem& item, int stride) {
+  const int group = item.group, head_dim = item.head_dim;
+  if (group == 4) {
     ValuePassInRegisters<4, 2>(item, stride);
-  } else if (item.group == 8) {
+  } else if (group == 8) {
     ValuePassInRegisters<8, 1>(item, stride);
-  } else if (item.group == 2 && head_dim % 32 == 0) {
+  } else if (group == 2 && head_dim % 32 == 0) {
     ValuePassInRegisters<2, 4>(item, stride);
-  } else if (item.group == 1 && head_dim % 64 == 0) {
+  } else if (group == 1 && head_dim % 64 == 0) {
     ValuePassInRegisters<1, 8>(item, stride);
-  } else if (item.group % 2 == 0) {
+  } else if (group % 2 == 0) {
     ValuePass<2>(item, stride);
   } else {
     ValuePass<1>(item, stride);
   }
+}
+
+}  // namespace
+
+void DecodeItemAvx2(const DecodeItem& item) {
+  const int stride = (item.num_rows + 7) / 8 * 8;  // rows padded to a multiple of 8
+  if (item.bf16_scores) {
+    ScorePassAvx512Bf16(item, stride);
+  } else {
+    ScorePassAvx2(item, stride);
+  }
+  SoftmaxPass(item, stride);
+  if (!item.bf16_scores || !TryValuePassAvx512(item, stride)) ValuePassAvx2(item, stride);
   GatePass(item);
 }
 
