@@ -119,7 +119,8 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
   }
   const uint64_t batch_id = rows > 0 ? next_batch_id_++ : 0;
 
-  // 4. Commit and complete.
+  // 4. Commit and fill the responses; metrics; then complete (so that a caller who
+  // got its answer already sees this batch in /metrics).
   Clock::duration oldest_wait{};
   for (int32_t i = 0; i < n; ++i) {
     DecodeWork& item = items[i];
@@ -157,7 +158,6 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
         oldest_wait = std::max(oldest_wait, start - item.enqueued);
       }
     }
-    item.done(ForCaller(status[i], item.key, item.request->sequence_id()));
   }
 
   if (rows > 0) {
@@ -167,6 +167,9 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
                            Seconds(end - start));
     spdlog::debug("batch {}: size {} of {} queued, oldest wait {} us, compute {} us, total {} us",
                   batch_id, rows, n, Micros(oldest_wait), timing.compute_us, Micros(end - start));
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    items[i].done(ForCaller(status[i], items[i].key, items[i].request->sequence_id()));
   }
 }
 
