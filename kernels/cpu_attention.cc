@@ -1,5 +1,9 @@
 #include "kernels/cpu_attention.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -118,8 +122,13 @@ void RunItem(const CacheView& cache, const DecodeBatch& batch, int64_t item, Cpu
 
 bool CpuSupportsAvx2Path() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                                __builtin_cpu_supports("f16c");
+  // F16C is CPUID leaf 1 ECX bit 29 (read directly: clang's __builtin_cpu_supports has
+  // no "f16c"); avx2 also implies that the OS saves the ymm state.
+  static const bool supported = [] {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+  }();
   return supported;
 #else
   return false;
@@ -128,9 +137,15 @@ bool CpuSupportsAvx2Path() {
 
 bool CpuSupportsAvx512Bf16Path() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool supported = CpuSupportsAvx2Path() && __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512bf16");
+  // AVX512_BF16 is CPUID leaf 7 sub-leaf 1 EAX bit 5 (read directly, as above);
+  // avx512f also implies that the OS saves the zmm state.
+  static const bool supported = [] {
+    if (!CpuSupportsAvx2Path() || !__builtin_cpu_supports("avx512f") ||
+        !__builtin_cpu_supports("avx512bw"))
+      return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
+  }();
   return supported;
 #else
   return false;
