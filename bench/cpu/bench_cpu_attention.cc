@@ -9,6 +9,7 @@
 //    GBps counts K/V bytes read: B * Hkv * K * D * 2 (+ 8 bytes of scales per row in
 //    per_token_head mode); ratio_to_read_pass = GBps / read-pass GBps at the same
 //    thread count. Paths: 1 portable, 2 avx2, 3 avx512bf16 (see CpuKernelPath).
+//    hot:1 runs kHotShape instead (K/V resident in L2): the compute ceiling.
 // 3. BM_GatherPass: the decode's number of random 128-byte rows with no arithmetic;
 //    ratio_to_gather = decode GBps / gather GBps (how close to the access pattern's
 //    own ceiling the kernel gets).
@@ -34,7 +35,15 @@ namespace sds {
 namespace {
 
 constexpr int kNumQHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kTopK = 512, kPageSize = 16;
-constexpr int kBatch = 32, kSequenceLength = 2048, kNumLayers = 4;
+// Batch, sequence length and layers of a decode setup.
+struct DecodeShape {
+  int batch, sequence_length, num_layers;
+};
+// The seed shape scaled to this machine: 134 MB of K/V touched over four layers.
+constexpr DecodeShape kSeedShape{32, 2048, 4};
+// One request whose 512 tokens are all selected, one layer: 1 MB of K/V that stays in
+// L2, so the time is the kernel's compute ceiling.
+constexpr DecodeShape kHotShape{1, 512, 1};
 constexpr size_t kReadBytes = size_t{512} << 20;
 
 // Read-pass GB/s by thread count; set by BM_ReadPass, which runs first.
@@ -119,7 +128,7 @@ void BM_ReadPass(benchmark::State& state) {
 void BM_GatherPass(benchmark::State& state) {
   CpuThreadPool& pool = Pool(static_cast<int>(state.range(0)));
   constexpr int kRowBytes = kHeadDim, kPrefetch = 32;
-  constexpr int64_t kRows = int64_t{kBatch} * kNumKvHeads * kTopK * 2, kChunks = 256;
+  constexpr int64_t kRows = int64_t{kSeedShape.batch} * kNumKvHeads * kTopK * 2, kChunks = 256;
   HugeBuffer<uint8_t> buffer(kReadBytes);
   std::memset(buffer.data, 1, kReadBytes);
   std::vector<int64_t> offsets(kRows);
@@ -157,6 +166,7 @@ void BM_GatherPass(benchmark::State& state) {
 
 // The cache (random FP8 codes, no NaN codes) and one batch per layer.
 struct DecodeSetup {
+  DecodeShape shape;
   CacheGeometry geo;
   // k, v: [layers, pages, page_size, Hkv, D] FP8 codes.
   HugeBuffer<uint8_t> k, v;
@@ -172,15 +182,19 @@ struct DecodeSetup {
   std::vector<std::vector<int32_t>> indices;        // per layer: [B, K]
   std::vector<std::vector<int32_t>> layer;          // per layer: [B]
 
-  static constexpr int kPagesPerSequence = kSequenceLength / kPageSize;
-
-  explicit DecodeSetup(ScaleMode mode)
-      : geo{kNumLayers, kNumKvHeads, kHeadDim, kPageSize, int64_t{kBatch} * kPagesPerSequence,
+  DecodeSetup(ScaleMode mode, DecodeShape shape_in)
+      : shape(shape_in),
+        geo{shape.num_layers,
+            kNumKvHeads,
+            kHeadDim,
+            kPageSize,
+            int64_t{shape.batch} * (shape.sequence_length / kPageSize),
             mode},
-        k(kNumLayers * geo.LayerElements()),
-        v(kNumLayers * geo.LayerElements()) {
+        k(shape.num_layers * geo.LayerElements()),
+        v(shape.num_layers * geo.LayerElements()) {
     std::mt19937 rng(42);
-    const int pages_per_sequence = kPagesPerSequence;
+    const int kBatch = shape.batch, kNumLayers = shape.num_layers;
+    const int pages_per_sequence = shape.sequence_length / kPageSize;
     XorShift64 bits;
     for (HugeBuffer<uint8_t>* codes : {&k, &v}) {
       for (size_t i = 0; i < codes->size; i += 8) {
@@ -215,13 +229,13 @@ struct DecodeSetup {
       topk.push_back(kTopK);
       per_kv_head.push_back(0);
     }
-    for (size_t i = 0; i < size_t{kBatch} * kNumQHeads * kHeadDim; ++i) {
+    for (size_t i = 0; i < static_cast<size_t>(kBatch) * kNumQHeads * kHeadDim; ++i) {
       q.push_back(bf16(normal(rng)));
       gate.push_back(bf16(normal(rng)));
     }
     out.resize(q.size());
-    lse.resize(size_t{kBatch} * kNumQHeads);
-    std::vector<int32_t> positions(kSequenceLength);
+    lse.resize(static_cast<size_t>(kBatch) * kNumQHeads);
+    std::vector<int32_t> positions(shape.sequence_length);
     std::iota(positions.begin(), positions.end(), 0);
     for (int l = 0; l < kNumLayers; ++l) {
       indices.emplace_back();
@@ -249,7 +263,7 @@ struct DecodeSetup {
   }
 
   DecodeBatch Batch(int l) {
-    return DecodeBatch{kBatch,
+    return DecodeBatch{shape.batch,
                        kNumQHeads,
                        q.data(),
                        gate.data(),
@@ -276,16 +290,17 @@ void BM_CpuDecode(benchmark::State& state) {
     state.SkipWithError("this CPU lacks the instructions of the requested kernel path");
     return;
   }
-  DecodeSetup setup(mode);
+  const DecodeShape shape = state.range(3) ? kHotShape : kSeedShape;
+  DecodeSetup setup(mode, shape);
   const CacheView view = setup.View();
-  const double rows = double{kBatch} * kNumKvHeads * kTopK;
+  const double rows = static_cast<double>(shape.batch) * kNumKvHeads * kTopK;
   const double bytes = rows * kHeadDim * 2 + (mode == ScaleMode::kPerTokenHead ? rows * 8 : 0);
-  for (int l = 0; l < kNumLayers; ++l) CpuDecode(view, setup.Batch(l), &pool, path);  // warm
+  for (int l = 0; l < shape.num_layers; ++l) CpuDecode(view, setup.Batch(l), &pool, path);
   double seconds = 0;
   int l = 0;
   for (auto _ : state) {
     const DecodeBatch batch = setup.Batch(l);
-    l = (l + 1) % kNumLayers;
+    l = (l + 1) % shape.num_layers;
     const auto start = std::chrono::steady_clock::now();
     CpuDecode(view, batch, &pool, path);
     seconds += Seconds(std::chrono::steady_clock::now() - start);
@@ -315,16 +330,18 @@ BENCHMARK(BM_GatherPass)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
-// Every path at all cores, then the fastest available path on one core.
+// Every path at all cores, the fast paths on one core, then the L2-resident shape.
 BENCHMARK(BM_CpuDecode)
-    ->ArgNames({"token_head_scale", "path", "threads"})
-    ->Args({0, static_cast<int>(CpuKernelPath::kAvx512Bf16), 0})
-    ->Args({1, static_cast<int>(CpuKernelPath::kAvx512Bf16), 0})
-    ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 0})
-    ->Args({1, static_cast<int>(CpuKernelPath::kAvx2), 0})
-    ->Args({0, static_cast<int>(CpuKernelPath::kPortable), 0})
-    ->Args({0, static_cast<int>(CpuKernelPath::kAvx512Bf16), 1})
-    ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 1})
+    ->ArgNames({"token_head_scale", "path", "threads", "hot"})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx512Bf16), 0, 0})
+    ->Args({1, static_cast<int>(CpuKernelPath::kAvx512Bf16), 0, 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 0, 0})
+    ->Args({1, static_cast<int>(CpuKernelPath::kAvx2), 0, 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kPortable), 0, 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx512Bf16), 1, 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 1, 0})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx512Bf16), 1, 1})
+    ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 1, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
