@@ -130,10 +130,20 @@ TEST_P(DecodeTest, DecodeStreamPipelinesAndMatches) {
   v1::DecodeResponse response;
   size_t answered = 0, batched = 0;
   std::set<uint64_t> seen;
+  std::map<uint64_t, std::set<std::pair<std::string, int32_t>>> batch_members;
   while (stream->Read(&response)) {
     ++answered;
     ASSERT_TRUE(sent.count(response.request_id())) << response.request_id();
     ASSERT_TRUE(seen.insert(response.request_id()).second) << "answered twice";
+    const v1::DecodeRequest& request = sent[response.request_id()];
+    // One batch never holds two decodes of the same (sequence, layer), nor more than
+    // --max_batch_size requests.
+    EXPECT_TRUE(batch_members[response.batch().batch_id()]
+                    .emplace(request.sequence_id(), request.layer())
+                    .second)
+        << "batch " << response.batch().batch_id() << " holds two decodes of "
+        << request.sequence_id() << " layer " << request.layer();
+    EXPECT_LE(response.batch().batch_size(), 16);
     EXPECT_EQ(h.mirror().Check(sent[response.request_id()], response), "")
         << "request " << response.request_id();
     if (response.batch().batch_size() > 1) ++batched;

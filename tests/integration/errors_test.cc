@@ -230,6 +230,10 @@ TEST_F(ErrorsTest, ModelInfoAndHealth) {
   EXPECT_EQ(info.max_topk(), model_.max_topk);
   auto channel = h.server().NewChannel();
   EXPECT_EQ(HealthStatus(channel, ""), 1);
+  // The port opened (and health said SERVING) only after the self-test passed.
+  const std::string log = h.server().Log();
+  ASSERT_NE(log.find("self-test passed"), std::string::npos) << log;
+  EXPECT_LT(log.find("self-test passed"), log.find("serving on"));
   EXPECT_EQ(HealthStatus(channel, "sparse_decode.v1.DecodeService"), 1);
 }
 
@@ -339,6 +343,16 @@ TEST(ErrorsStandalone, InvalidFlagsFailAtStartWithOneLine) {
     EXPECT_EQ(output.rfind("decode_server: invalid flags: ", 0), 0u) << output;
     EXPECT_NE(output.find("--"), std::string::npos) << "names no flag: " << output;
   }
+}
+
+TEST(ErrorsStandalone, CudaBackendWithoutGpuFailsClearly) {
+  std::string output;
+  const int status = RunServerToExit({"--backend=cuda", "--num_q_heads=8", "--num_kv_heads=2",
+                                      "--head_dim=64", "--cache_pages=16"},
+                                     &output);
+  if (status == 0) GTEST_SKIP() << "a GPU is available here";
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("decode_server: backend: "), std::string::npos) << output;
 }
 
 }  // namespace

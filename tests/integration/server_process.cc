@@ -146,7 +146,16 @@ int RunServerToExit(const std::vector<std::string>& flags, std::string* output) 
   args.insert(args.end(), flags.begin(), flags.end());
   pid_t pid = SpawnProcess(args, log);
   int status = 0;
-  waitpid(pid, &status, 0);
+  // A server that starts fine (it should not here) is stopped after a while.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > give_up) {
+      kill(pid, SIGTERM);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   *output = ReadFile(log);
   std::remove(log.c_str());
   return DecodeWaitStatus(status);

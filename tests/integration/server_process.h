@@ -41,8 +41,8 @@ class ServerProcess {
   std::string log_path_;
 };
 
-// Runs decode_server with `flags` to completion (for start-up failures); returns the
-// exit status and the combined output in `output`.
+// Runs decode_server with `flags` to completion (for start-up failures; one that
+// starts is sent SIGTERM after 30 s); returns the exit status and the output.
 int RunServerToExit(const std::vector<std::string>& flags, std::string* output);
 
 // grpc.health.v1.Health/Check through the generic stub (no health proto needed):
