@@ -53,9 +53,11 @@ inline __m256 FoldToEight(__m512 x) {
                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
 }
 
-template <int kHeads>
+template <int kHeads, int kAccumulators>
 void ScorePassBf16(const DecodeItem& item, int stride) {
-  constexpr int kRows = 8 / kHeads;
+  static_assert(kAccumulators % 8 == 0 && kAccumulators % kHeads == 0);
+  constexpr int kRows = kAccumulators / kHeads;  // divides 8, the padding of stride
+  static_assert(8 % kRows == 0);
   const int head_dim = item.head_dim;
   // The tile's K rows as bf16, dequantised once and shared by every head block.
   uint16_t* keys = reinterpret_cast<uint16_t*>(item.row_buffer);  // [kRows, D] bf16
@@ -72,25 +74,29 @@ void ScorePassBf16(const DecodeItem& item, int stride) {
       factor[t] = item.k_scale[n0 + t] * item.inv_sqrt_d * kFp16CodeScale;
     }
     for (int g0 = 0; g0 < item.group; g0 += kHeads) {
-      __m512 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
+      __m512 acc[kAccumulators];
+      for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_setzero_ps();
       const uint16_t* q = item.q + g0 * head_dim;
       for (int c = 0; c < chunks; ++c) {
+        __m512bh key[kRows];
+        for (int t = 0; t < kRows; ++t)
+          key[t] = (__m512bh)_mm512_loadu_si512(keys + t * head_dim + 32 * c);
         for (int h = 0; h < kHeads; ++h) {
           const __m512bh query = (__m512bh)_mm512_loadu_si512(q + h * head_dim + 32 * c);
           for (int t = 0; t < kRows; ++t)
-            acc[t * kHeads + h] =
-                _mm512_dpbf16_ps(acc[t * kHeads + h], query,
-                                 (__m512bh)_mm512_loadu_si512(keys + t * head_dim + 32 * c));
+            acc[t * kHeads + h] = _mm512_dpbf16_ps(acc[t * kHeads + h], query, key[t]);
         }
       }
-      __m256 folded[8];
-      for (int i = 0; i < 8; ++i) folded[i] = FoldToEight(acc[i]);
-      alignas(32) float dots[8];
-      _mm256_store_ps(dots, ReduceEight(folded));
-      for (int t = 0; t < kRows; ++t)
-        for (int h = 0; h < kHeads; ++h)
-          item.scores[(g0 + h) * stride + n0 + t] = dots[t * kHeads + h] * factor[t];
+      for (int base = 0; base < kAccumulators; base += 8) {
+        __m256 folded[8];
+        for (int i = 0; i < 8; ++i) folded[i] = FoldToEight(acc[base + i]);
+        alignas(32) float dots[8];
+        _mm256_store_ps(dots, ReduceEight(folded));
+        for (int i = 0; i < 8; ++i) {
+          const int t = (base + i) / kHeads, h = (base + i) % kHeads;
+          item.scores[(g0 + h) * stride + n0 + t] = dots[i] * factor[t];
+        }
+      }
     }
   }
 }
@@ -137,11 +143,11 @@ void ValuePassZmm(const DecodeItem& item, int stride) {
 
 void ScorePassAvx512Bf16(const DecodeItem& item, int stride) {
   if (item.group % 4 == 0) {
-    ScorePassBf16<4>(item, stride);
+    ScorePassBf16<4, 16>(item, stride);
   } else if (item.group % 2 == 0) {
-    ScorePassBf16<2>(item, stride);
+    ScorePassBf16<2, 16>(item, stride);
   } else {
-    ScorePassBf16<1>(item, stride);
+    ScorePassBf16<1, 8>(item, stride);
   }
 }
 
