@@ -14,7 +14,8 @@ enum class CpuKernelPath {
   kAuto,        // the fastest of the paths below that this CPU and D support
   kPortable,    // plain C++ (lookup-table dequantisation)
   kAvx2,        // explicit AVX2/FMA/F16C (D % 16 == 0); else portable
-  kAvx512Bf16,  // kAvx2 with AVX-512 BF16 dot products for q.k (D % 32 == 0); else kAvx2
+  kAvx512Bf16,  // kAvx2 with AVX-512 BF16 dot products for q.k and zmm accumulation
+                // of p.V (D % 32 == 0); else kAvx2
 };
 
 // True when this CPU can run the kAvx2 / kAvx512Bf16 paths.

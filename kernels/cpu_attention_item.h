@@ -18,9 +18,11 @@ struct DecodeItem {
   // k_layer, v_layer: the layer's [num_pages * page_size * Hkv, D] FP8 rows.
   const uint8_t* k_layer = nullptr;
   const uint8_t* v_layer = nullptr;
-  const int64_t* rows = nullptr;   // [N] row = slot * Hkv + kv_head, in index order
-  const float* k_scale = nullptr;  // [N] dequantisation scale of each K row
-  const float* v_scale = nullptr;  // [N] dequantisation scale of each V row
+  // rows, k_scale, v_scale: [N rounded up to 8], in index order; the padding repeats
+  // the last row (readable memory; its results are discarded).
+  const int64_t* rows = nullptr;   // row = slot * Hkv + kv_head
+  const float* k_scale = nullptr;  // dequantisation scale of each K row
+  const float* v_scale = nullptr;  // dequantisation scale of each V row
   const uint16_t* q = nullptr;     // [G, D] bf16 (the group's query heads)
   const uint16_t* gate = nullptr;  // [G, D] bf16
   uint16_t* out = nullptr;         // [G, D] bf16
@@ -29,7 +31,7 @@ struct DecodeItem {
   float* scores = nullptr;      // [G, N rounded up to 8]
   float* q_f32 = nullptr;       // [G, D]
   float* acc = nullptr;         // [G, D]
-  float* row_buffer = nullptr;  // [8, D] dequantised rows
+  float* row_buffer = nullptr;  // [8, D] floats: dequantised rows (bf16 keys on AVX-512)
   float* weights = nullptr;     // [N rounded up to 8, G] p * v_scale, row-major by row
 };
 
