@@ -13,21 +13,29 @@ absl::Status DecodeAdmission::Submit(const std::string& tenant,
                                      std::function<void(const absl::Status&)> done) const {
   if (absl::Status s = ValidateDecode(*request, model_); !s.ok()) return s;
   std::string key = SequenceKey(tenant, request->sequence_id());
-  if (!cache_->Contains(key)) {
-    return absl::NotFoundError(absl::StrCat("sequence '", request->sequence_id(),
-                                            "' not found; call CreateSequence first"));
+  const int32_t layer = request->layer();
+  if (absl::Status s =
+          pending_->CheckStart(*cache_, key, layer, request->position(), request->sequence_id());
+      !s.ok()) {
+    return s;
   }
   if (Clock::now() > deadline) {
     return absl::DeadlineExceededError("deadline passed before the request was queued");
   }
+  pending_->Add(key, layer, 1);
   DecodeWork work;
   work.request = request;
   work.response = response;
-  work.key = std::move(key);
+  work.key = key;
   work.deadline = deadline;
   work.cancelled = std::move(cancelled);
-  work.done = std::move(done);
-  return batcher_->SubmitDecode(std::move(work));
+  work.done = [pending = pending_, key, layer, done = std::move(done)](const absl::Status& s) {
+    pending->Remove(key, layer, 1);  // after the commit: the length already includes it
+    done(s);
+  };
+  absl::Status queued = batcher_->SubmitDecode(std::move(work));
+  if (!queued.ok()) pending_->Remove(key, layer, 1);
+  return queued;
 }
 
 }  // namespace sds::server

@@ -1,4 +1,5 @@
-// Admission of one decode request: validation, tenancy, existence, then the queue.
+// Admission of one decode request: validation, tenancy, existence, position gap (see
+// pending_writes.h), then the queue.
 // Shared by Decode, DecodeBatch and DecodeStream.
 #pragma once
 
@@ -9,14 +10,16 @@
 #include "paged_cache/paged_kv_cache.h"
 #include "server/batcher.h"
 #include "server/model_shape.h"
+#include "server/pending_writes.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
 
 class DecodeAdmission {
  public:
-  DecodeAdmission(Batcher* batcher, const PagedKvCache* cache, const ModelShape& model)
-      : batcher_(batcher), cache_(cache), model_(model) {}
+  DecodeAdmission(Batcher* batcher, const PagedKvCache* cache, PendingWrites* pending,
+                  const ModelShape& model)
+      : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
 
   // On error nothing was queued and `done` will not be called. `request` and
   // `response` must stay alive until `done` has run.
@@ -28,6 +31,7 @@ class DecodeAdmission {
  private:
   Batcher* batcher_;
   const PagedKvCache* cache_;
+  PendingWrites* pending_;
   ModelShape model_;
 };
 

@@ -72,7 +72,7 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
       backend_(backend),
       batcher_(batcher),
       metrics_(metrics),
-      admission_(batcher, &backend->cache(), config_.model) {}
+      admission_(batcher, &backend->cache(), &pending_, config_.model) {}
 
 absl::StatusOr<std::string> DecodeServiceImpl::Admit(
     const grpc::CallbackServerContext& context) const {
@@ -133,22 +133,34 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::CreateSequence(
 grpc::ServerUnaryReactor* DecodeServiceImpl::AppendKV(grpc::CallbackServerContext* context,
                                                       const v1::AppendKVRequest* request,
                                                       v1::AppendKVResponse* response) {
-  return Serve(context, metrics_, "AppendKV", Admit(*context),
-               [&](const std::string& tenant, const Finisher& finish) {
-                 if (absl::Status s = ValidateAppend(*request, config_.model); !s.ok())
-                   return finish(s);
-                 AppendWork work;
-                 work.request = request;
-                 work.key = SequenceKey(tenant, request->sequence_id());
-                 if (!backend_->cache().Contains(work.key))
-                   return finish(NotFound(request->sequence_id()));
-                 work.deadline = DeadlineOf(*context);
-                 work.done = [finish, response](absl::StatusOr<int64_t> length) {
-                   if (length.ok()) response->set_length(*length);
-                   finish(length.status());
-                 };
-                 if (absl::Status s = batcher_->SubmitAppend(std::move(work)); !s.ok()) finish(s);
-               });
+  return Serve(
+      context, metrics_, "AppendKV", Admit(*context),
+      [&](const std::string& tenant, const Finisher& finish) {
+        if (absl::Status s = ValidateAppend(*request, config_.model); !s.ok()) return finish(s);
+        AppendWork work;
+        work.request = request;
+        work.key = SequenceKey(tenant, request->sequence_id());
+        const int32_t layer = request->layer();
+        const int64_t n = request->k().shape(0);
+        if (absl::Status s = pending_.CheckStart(backend_->cache(), work.key, layer,
+                                                 request->start_position(), request->sequence_id());
+            !s.ok()) {
+          return finish(s);
+        }
+        pending_.Add(work.key, layer, n);
+        work.deadline = DeadlineOf(*context);
+        work.done = [this, finish, response, key = work.key, layer,
+                     n](absl::StatusOr<int64_t> length) {
+          pending_.Remove(key, layer, n);
+          if (length.ok()) response->set_length(*length);
+          finish(length.status());
+        };
+        const std::string key = work.key;
+        if (absl::Status s = batcher_->SubmitAppend(std::move(work)); !s.ok()) {
+          pending_.Remove(key, layer, n);
+          finish(s);
+        }
+      });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext* context,

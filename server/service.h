@@ -15,6 +15,7 @@
 #include "server/decode_submit.h"
 #include "server/metrics.h"
 #include "server/model_shape.h"
+#include "server/pending_writes.h"
 #include "sparse_decode/v1/decode.grpc.pb.h"
 
 namespace sds::server {
@@ -70,6 +71,7 @@ class DecodeServiceImpl final : public sparse_decode::v1::DecodeService::Callbac
   Backend* const backend_;
   Batcher* const batcher_;
   Metrics* const metrics_;
+  PendingWrites pending_;  // before admission_, which points to it
   const DecodeAdmission admission_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_streams_{0};

@@ -303,11 +303,11 @@ TEST(ErrorsStandalone, FullQueueIsResourceExhausted) {
   Harness h(model, {"--max_queue_delay_us=300000", "--max_batch_size=64", "--max_queue_depth=4"});
   ASSERT_TRUE(h.ok()) << h.error();
   InputGen gen(15);
-  h.CreateAndPrefill(gen, "q", 3);
   v1::DecodeBatchRequest batch;
   for (int i = 0; i < 10; ++i) {
-    // Same (sequence, layer) at increasing positions: queued in order.
-    *batch.add_requests() = RandomDecode(gen, model, "q", 0, 3 + i, 4, false, i + 1);
+    const std::string seq = "q" + std::to_string(i);
+    h.CreateAndPrefill(gen, seq, 3);
+    *batch.add_requests() = RandomDecode(gen, model, seq, 0, 3, 4, false, i + 1);
   }
   v1::DecodeBatchResponse response;
   ASSERT_TRUE(h.stub().DecodeBatch(Context().get(), batch, &response).ok());
