@@ -52,6 +52,19 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
     MaybeFinishLocked();
     return;
   }
+  if (pending_ + static_cast<int64_t>(writes_.size()) >= kMaxUnanswered) {
+    read_paused_ = true;  // back-pressure: the client reads its answers too slowly
+    spdlog::debug("DecodeStream: paused reading at {} unanswered requests", kMaxUnanswered);
+    return;
+  }
+  reading_->Clear();
+  StartRead(reading_.get());
+}
+
+void DecodeStreamReactor::MaybeResumeReadLocked() {
+  if (!read_paused_ || finished_ || drained_ || reads_done_) return;
+  if (pending_ + static_cast<int64_t>(writes_.size()) > kMaxUnanswered / 2) return;
+  read_paused_ = false;
   reading_->Clear();
   StartRead(reading_.get());
 }
@@ -99,6 +112,7 @@ void DecodeStreamReactor::Answer(const std::shared_ptr<Call>& call, const absl::
       StartWrite(writes_.front().get());
     }
   }
+  MaybeResumeReadLocked();
   MaybeFinishLocked();
 }
 
@@ -114,6 +128,7 @@ void DecodeStreamReactor::OnWriteDone(bool ok) {
   } else {
     writing_ = false;
   }
+  MaybeResumeReadLocked();
   MaybeFinishLocked();
 }
 

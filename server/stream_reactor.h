@@ -50,7 +50,12 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
 
   void Submit(const std::shared_ptr<Call>& call);
   void Answer(const std::shared_ptr<Call>& call, const absl::Status& status);
-  void MaybeFinishLocked();  // requires mu_
+  void MaybeFinishLocked();      // requires mu_
+  void MaybeResumeReadLocked();  // requires mu_
+
+  // Requests read but not yet written back; beyond this the stream stops reading until
+  // the client has taken half of its answers. Bounds a slow reader's memory.
+  static constexpr int64_t kMaxUnanswered = 4096;
 
   grpc::CallbackServerContext* const context_;
   const Env env_;
@@ -63,6 +68,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   std::deque<std::unique_ptr<sparse_decode::v1::DecodeResponse>> writes_;
   int64_t pending_ = 0;  // submitted, not yet answered
   bool reads_done_ = false;
+  bool read_paused_ = false;
   bool writing_ = false;
   bool write_failed_ = false;
   bool drained_ = false;

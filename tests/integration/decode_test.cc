@@ -240,6 +240,55 @@ TEST_P(DecodeTest, ConcurrentClientsAllMatch) {
   EXPECT_TRUE(failures.empty()) << failures.size() << " failures, first: " << failures[0];
 }
 
+// A client that reads its answers late: the stream stops reading at 4096 unanswered
+// requests (back-pressure) and resumes once the client reads; nothing is lost.
+TEST(DecodeStreamBackPressure, SlowReaderGetsEveryAnswer) {
+  TestModel model;  // large answers (8 KiB), so that they outgrow the transport's windows
+  model.num_q_heads = 32;
+  model.num_kv_heads = 8;
+  model.head_dim = 128;
+  Harness h(model, {"--max_batch_size=64", "--max_queue_delay_us=500", "--log_level=debug"});
+  ASSERT_TRUE(h.ok()) << h.error();
+  InputGen gen(6);
+  constexpr int kSequences = 16, kSteps = 100;  // 16 x 3 layers x 100 = 4800 requests
+  for (int i = 0; i < kSequences; ++i) h.CreateAndPrefill(gen, "bp" + std::to_string(i), 4);
+  std::vector<v1::DecodeRequest> requests;
+  uint64_t id = 1;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int i = 0; i < kSequences; ++i) {
+      for (int32_t layer = 0; layer < model.num_layers; ++layer) {
+        requests.push_back(
+            RandomDecode(gen, model, "bp" + std::to_string(i), layer, 4 + step, 6, false, id++));
+        h.mirror().WriteDecodeToken(requests.back());
+      }
+    }
+  }
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto stream = h.stub().DecodeStream(&context);
+  std::thread writer([&] {
+    for (const auto& r : requests) {
+      if (!stream->Write(r)) break;
+    }
+    stream->WritesDone();
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // let the answers pile up
+  size_t answered = 0, wrong = 0;
+  v1::DecodeResponse response;
+  while (stream->Read(&response)) {
+    ++answered;
+    const v1::DecodeRequest& r = requests.at(response.request_id() - 1);
+    if (!h.mirror().Check(r, response).empty()) ++wrong;
+  }
+  writer.join();
+  grpc::Status s = stream->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(answered, requests.size());
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_NE(h.server().Log().find("paused reading"), std::string::npos)
+      << "the stream never applied back-pressure";
+}
+
 INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
                          ::testing::Values(ScaleMode::kPerTensor, ScaleMode::kPerTokenHead),
                          [](const ::testing::TestParamInfo<ScaleMode>& info) {
