@@ -13,6 +13,8 @@ cudaError_t ReadPass(const void* data, int64_t bytes, uint32_t* sink, int blocks
 // Reads rows row_ids[0..n_rows) of `base` (rows of row_bytes bytes, a multiple of 16).
 cudaError_t Gather(const void* base, const int32_t* row_ids, int64_t n_rows, int row_bytes,
                    uint32_t* sink, int blocks, cudaStream_t stream);
+// One empty 32-thread block (launch floor of the timing method).
+cudaError_t Empty(cudaStream_t stream);
 // out: [n] random E4M3 bytes with magnitudes 2^-3..2^3 (no NaN codes).
 cudaError_t FillFp8(uint8_t* out, int64_t n, uint64_t seed, cudaStream_t stream);
 

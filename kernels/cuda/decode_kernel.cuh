@@ -1,6 +1,6 @@
 // Sparse top-K GQA decode over the paged FP8 cache, one CTA per (request, KV head,
 // 512-token chunk). Every selected K/V row is copied from HBM into shared memory once
-// (cp.async, a 4-stage ring per warp) and serves all G query heads of its KV head
+// (cp.async, a ring of kStages steps per warp) and serves all G query heads of its KV head
 // through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
 //   QK: S^T[16 heads x 8 tokens] += Q[16 heads x 16 d] * K^T[16 d x 8 tokens]
 //   PV: O[16 heads x 8 d]        += P[16 heads x 16 tokens] * V[16 tokens x 8 d]
@@ -9,7 +9,11 @@
 // exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
 // A request with several chunks writes f32 partials; the last CTA of its (request,
 // KV head) to finish merges them in chunk order, so results are bitwise independent
-// of the batch.
+// of the batch. The ring depth (chosen by the launcher from the grid size) changes only
+// how far each warp prefetches, never the arithmetic order.
+// Prologue: each warp resolves its own tokens (steps warp, warp + 4, ...) to cache rows
+// and issues its first cp.async stages before the CTA loads Q, so the Q load and the
+// f16 fragment build overlap the first K/V round trip.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,11 +23,10 @@
 #include "kernels/cuda/decode_params_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 
-// cp.async ring depth per warp for head_dim 128: 3 stages fit 4 CTAs per SM, which
-// measured 5% faster than 4 stages and 3 CTAs per SM on the H200 (bench/RESULTS.md).
-#ifndef SDS_DECODE_STAGES_D128
-#define SDS_DECODE_STAGES_D128 3
-#endif
+// Default cp.async ring depth per warp for head_dim 128: 3 stages fit 4 CTAs per SM,
+// which measured 5% faster than 4 stages and 3 CTAs per SM on the H200 for large grids
+// (bench/RESULTS.md). The launcher picks deeper rings when the grid is small.
+inline constexpr int kDecodeDefaultStagesD128 = 3;
 // Minimum resident CTAs per SM asked of the register allocator (launch bounds).
 #ifndef SDS_DECODE_MIN_CTAS
 #define SDS_DECODE_MIN_CTAS 1
@@ -31,10 +34,16 @@
 
 namespace sds::cuda {
 
-template <int D, bool kPerToken>
+// Default ring depth of head_dim D (the deeper D128 rings are extra instances).
+template <int D>
+inline constexpr int kDecodeDefaultStages = D == 256 ? 2
+                                                     : (D == 128 ? kDecodeDefaultStagesD128 : 4);
+
+template <int D, bool kPerToken, int kStagesT>
 struct DecodeTile {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim");
-  static constexpr int kStages = D == 256 ? 2 : (D == 128 ? SDS_DECODE_STAGES_D128 : 4);
+  static_assert(kStagesT >= 2, "ring depth");
+  static constexpr int kStages = kStagesT;
   static constexpr int kRowChunks = D / 16;                      // 16-byte pieces of a row
   static constexpr int kStageBytes = 2 * kDecodeStepTokens * D;  // K rows, then V rows
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
@@ -43,19 +52,23 @@ struct DecodeTile {
   static constexpr int kQFragBytes = kKSteps * 32 * 16;
   static constexpr int kTableBytes = kDecodeChunkTokens * 4;
   // Shared memory map (bytes).
-  static constexpr int kQFragOffset = kRingBytes;                 // uint4 [kKSteps][32]
-  static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;  // int32 [chunk]
-  static constexpr int kKfOffset = kRowsOffset + kTableBytes;     // float [chunk]
+  // uint4 [kKSteps][32]; first holds the bf16 Q staging copy [G][D] (G * D * 2 <= 32 * D).
+  static constexpr int kQFragOffset = kRingBytes;
+  static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;               // int32 [chunk]
+  static constexpr int kKfOffset = kRowsOffset + kTableBytes;                  // float [chunk]
   static constexpr int kVlOffset = kKfOffset + (kPerToken ? kTableBytes : 0);  // float [chunk]
   static constexpr int kStatsOffset = kVlOffset + (kPerToken ? kTableBytes : 0);
   static constexpr int kStatsBytes = kDecodeWarps * kDecodeMaxGroup * 4 * 4;  // [warp][16][4]
   static constexpr int kHeadOffset = kStatsOffset + kStatsBytes;  // float [16][4 + warps]
   static constexpr int kHeadBytes = kDecodeMaxGroup * (4 + kDecodeWarps) * 4;
-  static constexpr int kMiscOffset = kHeadOffset + kHeadBytes;  // 8 words
-  static constexpr int kSmemBytes = kMiscOffset + 32;
+  // 16 words: [0, warps) per-warp max |q|, [8] qinv, [9] last-CTA flag.
+  static constexpr int kMiscOffset = kHeadOffset + kHeadBytes;
+  static constexpr int kSmemBytes = kMiscOffset + 64;
   // Scratch reused from the ring after the main loop: [warps][16][D] f32 per-warp outputs.
   static_assert(kDecodeWarps * kDecodeMaxGroup * D * 4 <= kRingBytes, "scratch");
-  static_assert(kDecodeMaxGroup * D * 2 <= kRingBytes, "q staging");
+  static_assert(kDecodeMaxGroup * D * 2 <= kQFragBytes, "q staging");
+  // Q fragments built per thread (the last round may leave threads idle).
+  static constexpr int kQFragPerThread = (kKSteps * 32 + kDecodeThreads - 1) / kDecodeThreads;
 
   // 16-byte piece `chunk` of ring row `row`, XOR-swizzled against bank conflicts.
   __device__ static __forceinline__ int Piece(int row, int chunk) {
@@ -68,10 +81,19 @@ __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
-template <int D, int kRows, bool kPerToken>
-__global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
+// Resident CTAs per SM asked of the register allocator (at most 128 registers) where the
+// head_dim 128 shared memory fits that many: 4 CTAs of 4 warps (per_tensor) or 2 of 8.
+template <int D, bool kPerToken, int kStages>
+inline constexpr int kDecodeMinCtas =
+    D != 128 || kStages != kDecodeDefaultStagesD128 ? SDS_DECODE_MIN_CTAS
+    : kDecodeWarps == 8                             ? 2
+    : !kPerToken                                    ? 4
+                                                    : SDS_DECODE_MIN_CTAS;
+
+template <int D, int kRows, bool kPerToken, int kStages>
+__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, kStages>))
     SparseDecodeKernel(const DecodeParams p) {
-  using T = DecodeTile<D, kPerToken>;
+  using T = DecodeTile<D, kPerToken, kStages>;
   constexpr int kChunk = kDecodeChunkTokens;
   constexpr int kR = kRows / 8;  // accumulator rows per thread (1 or 2)
   extern __shared__ __align__(128) uint8_t smem[];
@@ -99,11 +121,87 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
   float* misc = reinterpret_cast<float*>(smem + T::kMiscOffset);
   uint4* qfrag = reinterpret_cast<uint4*>(smem + T::kQFragOffset);
 
-  // ---- 1. Q of the G query heads of this KV head: max |q| and f16 MMA fragments. ----
   const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + static_cast<int64_t>(kvh) * G;
+  // The finishing CTA reads gate [G, D] bf16 of these heads last: start it towards L2 now
+  // (128-byte lines; every chunk CTA asks, any of them may finish). Layer scales too.
+  if (tid * 64 < G * D) {
+    const uint16_t* line = p.gate + head0 * D + tid * 64;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+  const float k_layer = kPerToken ? 0.0f : p.layer_k_scale[layer];
+  const float v_layer = kPerToken ? 1.0f : p.layer_v_scale[layer];
+  const int64_t scale_base = static_cast<int64_t>(layer) * p.layer_scales;
+  const int num_steps = (count + kDecodeStepTokens - 1) / kDecodeStepTokens;
+  const int my_steps = warp < num_steps ? (num_steps - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  uint8_t* ring = smem + warp * T::kStages * T::kStageBytes;
+  const int64_t elem_base = static_cast<int64_t>(layer) * p.layer_elements;
+  const uint8_t* kbase = p.k + elem_base;  // [P, page_size, Hkv, D] of this layer
+  const uint8_t* vbase = p.v + elem_base;
+
+  // Copies step i of this warp (chunk step warp + 4 i) into ring slot i % kStages.
+  auto issue = [&](int i) {
+    const int step = warp + kDecodeWarps * i;
+    uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
+#pragma unroll
+    for (int it = 0; it < T::kRowChunks / 2; ++it) {
+      const int e = lane + 32 * it;
+      const int r = e / T::kRowChunks, c = e % T::kRowChunks;
+      const int32_t row = rows[step * kDecodeStepTokens + r];
+      const bool valid = row >= 0;
+      const int64_t off = valid ? static_cast<int64_t>(row) * D + c * 16 : 0;
+      const int piece = T::Piece(r, c);
+      CpAsync16(SmemAddress(st + piece), kbase + off, valid);
+      CpAsync16(SmemAddress(st + kDecodeStepTokens * D + piece), vbase + off, valid);
+    }
+  };
+
+  // ---- 1. This warp's tokens -> cache rows, then its first ring stages (no CTA barrier). ----
   {
-    const uint16_t* qg = p.q + head0 * D;  // [G, D] bf16
-    uint16_t* qstage = reinterpret_cast<uint16_t*>(smem);
+    // list: [count] int32 logical positions of this chunk (this KV head's list when the
+    // request has one list per KV head); pages: the request's page table.
+    const int32_t* list = p.indices + p.index_offset[b] +
+                          (p.indices_per_kv_head[b] ? static_cast<int64_t>(kvh) * topk : 0) + begin;
+    const int32_t* pages = p.page_table + p.page_table_offset[b];
+    constexpr int kPer = kChunk / kDecodeThreads;  // tokens per lane
+    int idx[kPer], t[kPer], page[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = lane + 32 * u;  // j-th token of this warp's steps
+      idx[u] = (warp + kDecodeWarps * (j / kDecodeStepTokens)) * kDecodeStepTokens +
+               j % kDecodeStepTokens;
+      t[u] = idx[u] < count ? list[idx[u]] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) page[u] = t[u] >= 0 ? pages[t[u] >> p.page_shift] : -1;
+    int32_t row[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      row[u] = page[u] >= 0 ? (page[u] * p.page_size + (t[u] & (p.page_size - 1))) * hkv + kvh : -1;
+      rows[idx[u]] = row[u];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < T::kStages - 1; ++i) {
+      if (i < my_steps) issue(i);
+      CpAsyncCommit();
+    }
+    if constexpr (kPerToken) {
+      // kf_tab: k_scale * log2(e) / sqrt(D) (times the power-of-two qinv in the loop, an
+      // exact product); vl_tab: log2 v_scale.
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const float ks = row[u] >= 0 ? p.k_token_scale[scale_base + row[u]] : 0.0f;
+        const float vs = row[u] >= 0 ? p.v_token_scale[scale_base + row[u]] : 1.0f;
+        kf_tab[idx[u]] = ks * p.score_scale_log2;
+        vl_tab[idx[u]] = log2f(vs);
+      }
+    }
+  }
+
+  // ---- 2. Q of the G query heads of this KV head: max |q| and f16 MMA fragments. ----
+  {
+    const uint16_t* qg = p.q + head0 * D;                                    // [G, D] bf16
+    uint16_t* qstage = reinterpret_cast<uint16_t*>(smem + T::kQFragOffset);  // [G, D] bf16
     float local_max = 0.0f;
     for (int e = tid * 8; e < G * D; e += kDecodeThreads * 8) {
       const uint4 raw = *reinterpret_cast<const uint4*>(qg + e);
@@ -132,76 +230,28 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
       return g < G ? __uint_as_float(static_cast<uint32_t>(qstage[g * D + d]) << 16) * qscale
                    : 0.0f;
     };
-    for (int e = tid; e < T::kKSteps * 32; e += kDecodeThreads) {
+    // The fragments overwrite the staging copy: build them in registers first.
+    uint4 frag[T::kQFragPerThread];
+#pragma unroll
+    for (int it = 0; it < T::kQFragPerThread; ++it) {
+      const int e = min(tid + it * kDecodeThreads, T::kKSteps * 32 - 1);
       const int ks = e >> 5, ln = e & 31, g0 = ln >> 2, d0 = (ln & 3) * (D / 4) + 4 * ks;
-      uint4 f;
-      f.x = PackHalf2(qh(g0, d0), qh(g0, d0 + 1));
-      f.y = PackHalf2(qh(g0 + 8, d0), qh(g0 + 8, d0 + 1));
-      f.z = PackHalf2(qh(g0, d0 + 2), qh(g0, d0 + 3));
-      f.w = PackHalf2(qh(g0 + 8, d0 + 2), qh(g0 + 8, d0 + 3));
-      qfrag[e] = f;
+      frag[it].x = PackHalf2(qh(g0, d0), qh(g0, d0 + 1));
+      frag[it].y = PackHalf2(qh(g0 + 8, d0), qh(g0 + 8, d0 + 1));
+      frag[it].z = PackHalf2(qh(g0, d0 + 2), qh(g0, d0 + 3));
+      frag[it].w = PackHalf2(qh(g0 + 8, d0 + 2), qh(g0 + 8, d0 + 3));
     }
-    if (tid == 0) misc[4] = qinv;
-  }
-
-  __syncthreads();
-
-  // ---- 2. Resolve this chunk's indices to cache rows (and per-token scales). ----
-  const float qinv = misc[4];
-  const int64_t scale_base = static_cast<int64_t>(layer) * p.layer_scales;
-  {
-    const int32_t* list = p.indices + p.index_offset[b] +
-                          (p.indices_per_kv_head[b] ? static_cast<int64_t>(kvh) * topk : 0) + begin;
-    const int32_t* pages = p.page_table + p.page_table_offset[b];
-    constexpr int kPer = kChunk / kDecodeThreads;
-    int32_t t[kPer], page[kPer];
+    __syncthreads();
 #pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const int i = tid + u * kDecodeThreads;
-      t[u] = i < count ? list[i] : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) page[u] = t[u] >= 0 ? pages[t[u] >> p.page_shift] : -1;
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const int i = tid + u * kDecodeThreads;
-      const int32_t row =
-          page[u] >= 0 ? (page[u] * p.page_size + (t[u] & (p.page_size - 1))) * hkv + kvh : -1;
-      rows[i] = row;
-      if constexpr (kPerToken) {
-        const float ks = row >= 0 ? p.k_token_scale[scale_base + row] : 0.0f;
-        const float vs = row >= 0 ? p.v_token_scale[scale_base + row] : 1.0f;
-        kf_tab[i] = ks * p.score_scale_log2 * qinv;
-        vl_tab[i] = log2f(vs);
-      }
-    }
+    for (int it = 0; it < T::kQFragPerThread; ++it)
+      if (tid + it * kDecodeThreads < T::kKSteps * 32) qfrag[tid + it * kDecodeThreads] = frag[it];
+    if (tid == 0) misc[8] = qinv;
   }
   __syncthreads();
 
   // ---- 3. Main loop: each warp runs its own cp.async ring over steps warp, warp+4, ... ----
-  const int num_steps = (count + kDecodeStepTokens - 1) / kDecodeStepTokens;
-  const int my_steps = warp < num_steps ? (num_steps - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-  uint8_t* ring = smem + warp * T::kStages * T::kStageBytes;
-  const int64_t elem_base = static_cast<int64_t>(layer) * p.layer_elements;
-  const uint8_t* kbase = p.k + elem_base;
-  const uint8_t* vbase = p.v + elem_base;
-  const float kf_const = kPerToken ? 0.0f : p.layer_k_scale[layer] * p.score_scale_log2 * qinv;
-
-  auto issue = [&](int i) {
-    const int step = warp + kDecodeWarps * i;
-    uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
-#pragma unroll
-    for (int it = 0; it < T::kRowChunks / 2; ++it) {
-      const int e = lane + 32 * it;
-      const int r = e / T::kRowChunks, c = e % T::kRowChunks;
-      const int32_t row = rows[step * kDecodeStepTokens + r];
-      const bool valid = row >= 0;
-      const int64_t off = valid ? static_cast<int64_t>(row) * D + c * 16 : 0;
-      const int piece = T::Piece(r, c);
-      CpAsync16(SmemAddress(st + piece), kbase + off, valid);
-      CpAsync16(SmemAddress(st + kDecodeStepTokens * D + piece), vbase + off, valid);
-    }
-  };
+  const float qinv = misc[8];
+  const float kf_const = kPerToken ? 0.0f : k_layer * p.score_scale_log2 * qinv;
 
   float o[T::kPvTiles][2 * kR];
 #pragma unroll
@@ -212,11 +262,6 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
 #pragma unroll
   for (int r = 0; r < kR; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
 
-#pragma unroll
-  for (int i = 0; i < T::kStages - 1; ++i) {
-    if (i < my_steps) issue(i);
-    CpAsyncCommit();
-  }
   for (int i = 0; i < my_steps; ++i) {
     if (i + T::kStages - 1 < my_steps) issue(i + T::kStages - 1);
     CpAsyncCommit();
@@ -271,7 +316,7 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
       if constexpr (kPerToken) {
         const float2 kk = *reinterpret_cast<const float2*>(kf_tab + j);
         const float2 vv = *reinterpret_cast<const float2*>(vl_tab + j);
-        kf[nt][0] = kk.x, kf[nt][1] = kk.y, vl[nt][0] = vv.x, vl[nt][1] = vv.y;
+        kf[nt][0] = kk.x * qinv, kf[nt][1] = kk.y * qinv, vl[nt][0] = vv.x, vl[nt][1] = vv.y;
       } else {
         kf[nt][0] = kf[nt][1] = kf_const;
         vl[nt][0] = vl[nt][1] = 0.0f;
@@ -433,7 +478,6 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
   }
   __syncthreads();
 
-  const float v_layer = kPerToken ? 1.0f : p.layer_v_scale[layer];
   // Writes the gated bf16 output and lse of head g from merged (unnormalised) values.
   auto finish = [&](int g, int d, float val, float ms, float mu, float l) {
     float res = 0.0f;
@@ -479,7 +523,7 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
   }
   __threadfence();
   __syncthreads();
-  int* last_flag = reinterpret_cast<int*>(misc + 5);
+  int* last_flag = reinterpret_cast<int*>(misc + 9);
   if (tid == 0) *last_flag = atomicAdd(p.counters + pair, 1) == num_chunks - 1;
   __syncthreads();
   if (!*last_flag) return;
@@ -490,12 +534,14 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
   if (tid < G) {
     const int g = tid;
     float ms = NegInf(), mu = NegInf();
+#pragma unroll 4
     for (int c = 0; c < num_chunks; ++c) {
       ms = fmaxf(ms, __ldcg(ps + (c * G + g) * kDecodeStatFloats + 0));
       mu = fmaxf(mu, __ldcg(ps + (c * G + g) * kDecodeStatFloats + 1));
     }
     const float bs = ms == NegInf() ? 0.0f : ms, bu = mu == NegInf() ? 0.0f : mu;
     float l = 0.0f;
+#pragma unroll 4
     for (int c = 0; c < num_chunks; ++c) {
       const float* sp = ps + (c * G + g) * kDecodeStatFloats;
       l += __ldcg(sp + 2) * FastExp2(__ldcg(sp) - bs);
@@ -509,6 +555,7 @@ __global__ void __launch_bounds__(kDecodeThreads, SDS_DECODE_MIN_CTAS)
   for (int e = tid; e < G * D; e += kDecodeThreads) {
     const int g = e / D, d = e % D;
     float val = 0.0f;
+#pragma unroll 4
     for (int c = 0; c < num_chunks; ++c)
       val += __ldcg(po + static_cast<int64_t>(c) * G * D + e) * cf[g * num_chunks + c];
     finish(g, d, val, hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);

@@ -5,22 +5,40 @@
 namespace sds::cuda {
 namespace {
 
+// Once per process and instance: raise the dynamic shared memory limit, ask for the
+// largest shared-memory carveout and read the resident CTAs per SM.
+struct KernelConfig {
+  cudaError_t error = cudaSuccess;
+  int ctas_per_sm = 0;
+};
+
+template <int D, int kRows, bool kPerToken>
+const KernelConfig& Configure() {
+  static const KernelConfig config = [] {
+    constexpr int kStages = kDecodeDefaultStages<D>;
+    constexpr int kSmem = DecodeTile<D, kPerToken, kStages>::kSmemBytes;
+    auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages>;
+    KernelConfig c;
+    c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (c.error != cudaSuccess) return c;
+    c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   static_cast<int>(cudaSharedmemCarveoutMaxShared));
+    if (c.error != cudaSuccess) return c;
+    c.error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, kernel, kDecodeThreads,
+                                                            kSmem);
+    return c;
+  }();
+  return config;
+}
+
 template <int D, int kRows, bool kPerToken>
 cudaError_t Launch(const DecodeParams& params, int32_t num_requests, cudaStream_t stream) {
-  constexpr int kSmem = DecodeTile<D, kPerToken>::kSmemBytes;
-  auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken>;
-  // Once per process and instance: raise the dynamic shared memory limit and ask for
-  // the largest shared-memory carveout (three CTAs of ~72 KB per SM).
-  static const cudaError_t configured = [&] {
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                static_cast<int>(cudaSharedmemCarveoutMaxShared));
-  }();
-  if (configured != cudaSuccess) return configured;
+  constexpr int kStages = kDecodeDefaultStages<D>;
+  constexpr int kSmem = DecodeTile<D, kPerToken, kStages>::kSmemBytes;
+  const KernelConfig& config = Configure<D, kRows, kPerToken>();
+  if (config.error != cudaSuccess) return config.error;
   const dim3 grid(params.num_kv_heads, params.max_chunks, num_requests);
-  kernel<<<grid, kDecodeThreads, kSmem, stream>>>(params);
+  SparseDecodeKernel<D, kRows, kPerToken, kStages><<<grid, kDecodeThreads, kSmem, stream>>>(params);
   return cudaGetLastError();
 }
 
@@ -41,17 +59,12 @@ cudaError_t LaunchForDim(const DecodeParams& params, int32_t num_requests, bool 
 cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head, int* blocks) {
   *blocks = 0;
   if (head_dim != 128) return cudaErrorInvalidValue;
-  auto occ = [&](auto* kernel, int smem) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kDecodeThreads, smem);
-  };
   const bool wide = group > 8;
-  if (per_token_head)
-    return wide ? occ(&SparseDecodeKernel<128, 16, true>, DecodeTile<128, true>::kSmemBytes)
-                : occ(&SparseDecodeKernel<128, 8, true>, DecodeTile<128, true>::kSmemBytes);
-  return wide ? occ(&SparseDecodeKernel<128, 16, false>, DecodeTile<128, false>::kSmemBytes)
-              : occ(&SparseDecodeKernel<128, 8, false>, DecodeTile<128, false>::kSmemBytes);
+  const KernelConfig& c = per_token_head
+                              ? (wide ? Configure<128, 16, true>() : Configure<128, 8, true>())
+                              : (wide ? Configure<128, 16, false>() : Configure<128, 8, false>());
+  *blocks = c.ctas_per_sm;
+  return c.error;
 }
 
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,

@@ -9,7 +9,14 @@ namespace sds::cuda {
 // Tokens of one request (one index list) handled by one CTA. Fixed, so the split of
 // the K dimension depends on the request alone (batch invariance).
 inline constexpr int kDecodeChunkTokens = 512;
-inline constexpr int kDecodeWarps = 4;
+// Warps per CTA. Each warp runs its own online softmax over steps warp, warp + W, ... of
+// the chunk and the CTA merges the W warps in a fixed order, so W is part of the
+// arithmetic: it is fixed at build time, never chosen per launch.
+#ifndef SDS_DECODE_WARPS
+#define SDS_DECODE_WARPS 4
+#endif
+inline constexpr int kDecodeWarps = SDS_DECODE_WARPS;
+static_assert(kDecodeWarps == 4 || kDecodeWarps == 8, "decode warps per CTA");
 inline constexpr int kDecodeThreads = kDecodeWarps * 32;
 inline constexpr int kDecodeStepTokens = 16;  // tokens per warp step (one MMA K-tile)
 inline constexpr int kDecodeMaxGroup = 16;    // query heads per KV head (MMA M = 16)

@@ -19,7 +19,7 @@ cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, in
 // Resident CTAs per SM of the head_dim 128 decode kernel (benchmark diagnostics).
 cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head, int* blocks);
 
-// Enqueues the append kernel (one warp per (token, KV head, K|V) row). cache and
+// Enqueues the append kernel (D / 8 lanes per (token, KV head, K|V) row). cache and
 // append hold device pointers; head_dim 64/128/256.
 cudaError_t EnqueueAppend(const CacheView& cache, const AppendBatch& append, cudaStream_t stream);
 
