@@ -9,9 +9,9 @@
 // exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
 // A request with several chunks writes f32 partials; the last CTA of its (request,
 // KV head) to finish merges them in chunk order, so results are bitwise independent
-// of the batch. The ring depth (chosen by the launcher from the grid size) changes only
-// how far each warp prefetches, never the arithmetic order.
-// Prologue: each warp resolves its own tokens (steps warp, warp + 4, ...) to cache rows
+// of the batch. The ring depth only sets how far each warp prefetches, never the
+// arithmetic order (deeper rings for small grids measured no faster: bench/RESULTS.md).
+// Prologue: each warp resolves its own tokens (steps warp, warp + W, ...) to cache rows
 // and issues its first cp.async stages before the CTA loads Q, so the Q load and the
 // f16 fragment build overlap the first K/V round trip.
 #pragma once
@@ -23,10 +23,6 @@
 #include "kernels/cuda/decode_params_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 
-// Default cp.async ring depth per warp for head_dim 128: 3 stages fit 4 CTAs per SM,
-// which measured 5% faster than 4 stages and 3 CTAs per SM on the H200 for large grids
-// (bench/RESULTS.md). The launcher picks deeper rings when the grid is small.
-inline constexpr int kDecodeDefaultStagesD128 = 3;
 // Minimum resident CTAs per SM asked of the register allocator (launch bounds).
 #ifndef SDS_DECODE_MIN_CTAS
 #define SDS_DECODE_MIN_CTAS 1
@@ -34,7 +30,10 @@ inline constexpr int kDecodeDefaultStagesD128 = 3;
 
 namespace sds::cuda {
 
-// Default ring depth of head_dim D (the deeper D128 rings are extra instances).
+// cp.async ring depth per warp for head_dim 128: 3 stages fit 4 CTAs per SM, which
+// measured 5% faster than 4 stages and 3 CTAs per SM on the H200 (bench/RESULTS.md).
+inline constexpr int kDecodeDefaultStagesD128 = 3;
+// Ring depth of head_dim D (the kernel takes it as a template argument).
 template <int D>
 inline constexpr int kDecodeDefaultStages = D == 256 ? 2
                                                      : (D == 128 ? kDecodeDefaultStagesD128 : 4);
