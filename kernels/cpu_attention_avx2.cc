@@ -69,10 +69,10 @@ template <int kHeads>
 void ScorePass(const DecodeItem& item, int stride) {
   constexpr int kRows = 8 / kHeads;
   const int head_dim = item.head_dim;
-  for (int n = 0; n < kPrefetchRows; ++n) PrefetchRows(item, n, stride);
+  for (int n = 0; n < item.prefetch_rows; ++n) PrefetchRows(item, n, stride);
   for (int n0 = 0; n0 < stride; n0 += kRows) {
     for (int t = 0; t < kRows; ++t) {
-      PrefetchRows(item, n0 + t + kPrefetchRows, stride);
+      PrefetchRows(item, n0 + t + item.prefetch_rows, stride);
       DequantiseRow(item.k_layer + item.rows[n0 + t] * head_dim, head_dim,
                     item.row_buffer + t * head_dim);
     }
@@ -259,6 +259,9 @@ void ValuePassAvx2(const DecodeItem& item, int stride) {
 }
 
 }  // namespace
+
+void SoftmaxPassX86(const DecodeItem& item, int stride) { SoftmaxPass(item, stride); }
+void GatePassX86(const DecodeItem& item) { GatePass(item); }
 
 void DecodeItemAvx2(const DecodeItem& item) {
   const int stride = (item.num_rows + 7) / 8 * 8;  // rows padded to a multiple of 8

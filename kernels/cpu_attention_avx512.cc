@@ -6,10 +6,11 @@
 #include <cstdint>
 
 #include "kernels/cpu_attention_item.h"
+#include "kernels/fp8.h"
 
 #if defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512bf16")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512bf16,avx512vbmi")
 // GCC 12's AVX-512 cast/extract intrinsics trip -Wmaybe-uninitialized on their own
 // undefined pass-through operand (GCC PR 105593); the warning is about the header.
 #pragma GCC diagnostic push
@@ -62,11 +63,11 @@ void ScorePassBf16(const DecodeItem& item, int stride) {
   // The tile's K rows as bf16, dequantised once and shared by every head block.
   uint16_t* keys = reinterpret_cast<uint16_t*>(item.row_buffer);  // [kRows, D] bf16
   const int chunks = head_dim / 32;
-  for (int n = 0; n < kPrefetchRows; ++n) PrefetchRows(item, n, stride);
+  for (int n = 0; n < item.prefetch_rows; ++n) PrefetchRows(item, n, stride);
   for (int n0 = 0; n0 < stride; n0 += kRows) {
     float factor[kRows];
     for (int t = 0; t < kRows; ++t) {
-      PrefetchRows(item, n0 + t + kPrefetchRows, stride);
+      PrefetchRows(item, n0 + t + item.prefetch_rows, stride);
       const uint8_t* codes = item.k_layer + item.rows[n0 + t] * head_dim;
       for (int c = 0; c < chunks; ++c)
         _mm512_storeu_si512(keys + t * head_dim + 32 * c,
@@ -97,6 +98,154 @@ void ScorePassBf16(const DecodeItem& item, int stride) {
           item.scores[(g0 + h) * stride + n0 + t] = dots[i] * factor[t];
         }
       }
+    }
+  }
+}
+
+// The bf16 bits of every FP8 E4M3 magnitude code 0..127 (exact: 3 mantissa bits, and
+// even the subnormal codes are normal bf16), split into high and low bytes so that
+// vpermi2b can look 64 codes up at once.
+struct Bf16ByteTables {
+  alignas(64) uint8_t high[128];
+  alignas(64) uint8_t low[128];
+};
+
+const Bf16ByteTables& ByteTables() {
+  static const Bf16ByteTables tables = [] {
+    Bf16ByteTables t{};
+    for (int code = 0; code < 128; ++code) {
+      const uint32_t bits = FloatToBits(Fp8E4m3ToFloat(static_cast<uint8_t>(code))) >> 16;
+      t.high[code] = static_cast<uint8_t>(bits >> 8);
+      t.low[code] = static_cast<uint8_t>(bits);
+    }
+    return t;
+  }();
+  return tables;
+}
+
+// 64 FP8 codes -> their exact bf16 values in two vectors, in the interleaved order of
+// vpunpck{l,h}bw: first holds codes 16L + 0..7 and second codes 16L + 8..15 of each
+// 128-bit lane L. The query is permuted to match (PermuteQuery).
+struct TableKeys {
+  __m512i high_a, high_b, low_a, low_b;
+  void Dequantise(const uint8_t* codes_ptr, __m512bh* first, __m512bh* second) const {
+    const __m512i codes = _mm512_loadu_si512(codes_ptr);
+    // high byte from the table (bits 0..6 of the code), sign from bit 7: a | (b & c).
+    const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high_a, codes, high_b),
+                                                   codes, _mm512_set1_epi8(-128), 0xF8);
+    const __m512i low = _mm512_permutex2var_epi8(low_a, codes, low_b);
+    *first = (__m512bh)_mm512_unpacklo_epi8(low, high);
+    *second = (__m512bh)_mm512_unpackhi_epi8(low, high);
+  }
+};
+
+// query: [G, D] bf16 -> permuted: [G, D] bf16 in the order TableKeys produces, per 64.
+void PermuteQuery(const uint16_t* query, int elements, uint16_t* permuted) {
+  for (int base = 0; base < elements; base += 64)
+    for (int k = 0; k < 32; ++k) {
+      const int source = base + (k / 8) * 16 + k % 8;
+      permuted[base + k] = query[source];
+      permuted[base + 32 + k] = query[source + 8];
+    }
+}
+
+TableKeys LoadTableKeys() {
+  const Bf16ByteTables& tables = ByteTables();
+  TableKeys lookup;
+  lookup.high_a = _mm512_load_si512(tables.high);
+  lookup.high_b = _mm512_load_si512(tables.high + 64);
+  lookup.low_a = _mm512_load_si512(tables.low);
+  lookup.low_b = _mm512_load_si512(tables.low + 64);
+  return lookup;
+}
+
+// Rows per score tile for G == kHeads: kRows * kHeads <= 16 accumulators.
+template <int kHeads>
+inline constexpr int kTableRows = kHeads == 4 ? 4 : 8;  // divides 8, the padding of stride
+
+// One score tile: kRows rows x kHeads query heads of one KV head, keys looked up as bf16
+// (vpermi2b) and kept in registers. codes: kRows pointers to [D] FP8 K codes;
+// query: [kHeads, D] bf16 permuted (PermuteQuery); factor: [kRows] k_scale / sqrt(D);
+// scores: [kHeads, stride] out, written at columns 0..kRows-1. D % 64 == 0.
+template <int kHeads>
+inline void ScoreTile(const TableKeys& lookup, const uint8_t* const* codes, const uint16_t* query,
+                      int head_dim, const float* factor, float* scores, int stride) {
+  constexpr int kRows = kTableRows<kHeads>, kAccumulators = kRows * kHeads;
+  static_assert(kAccumulators % 8 == 0);
+  __m512 acc[kAccumulators];
+  for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_setzero_ps();
+  for (int c = 0; c < head_dim / 64; ++c) {
+    __m512bh key[kRows][2];
+    for (int t = 0; t < kRows; ++t) lookup.Dequantise(codes[t] + 64 * c, &key[t][0], &key[t][1]);
+    for (int h = 0; h < kHeads; ++h)
+      for (int half = 0; half < 2; ++half) {
+        const __m512bh q = (__m512bh)_mm512_loadu_si512(query + h * head_dim + 64 * c + 32 * half);
+        for (int t = 0; t < kRows; ++t)
+          acc[t * kHeads + h] = _mm512_dpbf16_ps(acc[t * kHeads + h], q, key[t][half]);
+      }
+  }
+  for (int base = 0; base < kAccumulators; base += 8) {
+    __m256 folded[8];
+    for (int i = 0; i < 8; ++i) folded[i] = FoldToEight(acc[base + i]);
+    alignas(32) float dots[8];
+    _mm256_store_ps(dots, ReduceEight(folded));
+    for (int i = 0; i < 8; ++i) {
+      const int t = (base + i) / kHeads, h = (base + i) % kHeads;
+      scores[h * stride + t] = dots[i] * factor[t];
+    }
+  }
+}
+
+// Scores of one KV head for G == kHeads through ScoreTile. scores: [G, stride].
+template <int kHeads>
+void ScorePassTable(const DecodeItem& item, int stride) {
+  constexpr int kRows = kTableRows<kHeads>;
+  const int head_dim = item.head_dim;
+  uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [G, D] bf16, permuted
+  PermuteQuery(item.q, kHeads * head_dim, query);
+  const TableKeys lookup = LoadTableKeys();
+  for (int n = 0; n < item.prefetch_rows; ++n) PrefetchRows(item, n, stride);
+  for (int n0 = 0; n0 < stride; n0 += kRows) {
+    const uint8_t* codes[kRows];
+    float factor[kRows];
+    for (int t = 0; t < kRows; ++t) {
+      PrefetchRows(item, n0 + t + item.prefetch_rows, stride);
+      codes[t] = item.k_layer + item.rows[n0 + t] * head_dim;
+      factor[t] = item.k_scale[n0 + t] * item.inv_sqrt_d;
+    }
+    ScoreTile<kHeads>(lookup, codes, query, head_dim, factor, item.scores + n0, stride);
+  }
+}
+
+// The fused item's score pass: each tile of token slots is read once for all kv_heads
+// KV heads (K codes of a slot: kv_heads * D contiguous bytes). scores: [H * G, stride].
+template <int kHeads>
+void FusedScorePass(const DecodeItem& item, int stride) {
+  constexpr int kRows = kTableRows<kHeads>;
+  const int head_dim = item.head_dim, kv_heads = item.kv_heads;
+  const int span = kv_heads * head_dim, ahead = item.prefetch_rows;
+  uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [H * G, D] bf16, permuted
+  PermuteQuery(item.q, kv_heads * kHeads * head_dim, query);
+  const TableKeys lookup = LoadTableKeys();
+  auto prefetch = [&](int n) {
+    if (n >= stride) return;
+    const uint8_t* slot = item.k_layer + item.rows[n] * head_dim;
+    for (int byte = 0; byte < span; byte += 64) __builtin_prefetch(slot + byte, 0, 3);
+  };
+  for (int n = 0; n < ahead; ++n) prefetch(n);
+  for (int n0 = 0; n0 < stride; n0 += kRows) {
+    const uint8_t* codes[kRows];
+    for (int t = 0; t < kRows; ++t) {
+      prefetch(n0 + t + ahead);
+      codes[t] = item.k_layer + item.rows[n0 + t] * head_dim;
+    }
+    for (int b = 0; b < kv_heads; ++b) {
+      float factor[kRows];
+      for (int t = 0; t < kRows; ++t)
+        factor[t] = item.k_scale[b * stride + n0 + t] * item.inv_sqrt_d;
+      ScoreTile<kHeads>(lookup, codes, query + b * kHeads * head_dim, head_dim, factor,
+                        item.scores + b * kHeads * stride + n0, stride);
+      for (int t = 0; t < kRows; ++t) codes[t] += head_dim;
     }
   }
 }
@@ -139,10 +288,73 @@ void ValuePassZmm(const DecodeItem& item, int stride) {
   }
 }
 
+// The fused item's value pass, G == kHeads: tiles of 8 token slots are read once for
+// all kv_heads KV heads; per KV head and chunk of 16 * kVecs dimensions the
+// accumulators go through registers, rows added in index order with the same
+// operations as ValuePassZmm (so the sums are the same bits). acc: [H * G, D].
+template <int kHeads, int kVecs>
+void FusedValuePass(const DecodeItem& item, int stride) {
+  static_assert(kHeads * kVecs <= 16);
+  constexpr int kTile = 8;
+  const int head_dim = item.head_dim, num_rows = item.num_rows, kv_heads = item.kv_heads;
+  const int span = kv_heads * head_dim, ahead = item.prefetch_rows;
+  for (int b = 0; b < kv_heads; ++b)
+    for (int n = 0; n < num_rows; ++n)
+      for (int h = 0; h < kHeads; ++h)
+        item.weights[(b * stride + n) * kHeads + h] = item.scores[(b * kHeads + h) * stride + n] *
+                                                      item.v_scale[b * stride + n] * kFp16CodeScale;
+  for (int e = 0; e < kv_heads * kHeads * head_dim; e += 16)
+    _mm512_storeu_ps(item.acc + e, _mm512_setzero_ps());
+  auto prefetch = [&](int n) {
+    if (n >= num_rows) return;
+    const uint8_t* slot = item.v_layer + item.rows[n] * head_dim;
+    for (int byte = 0; byte < span; byte += 64) __builtin_prefetch(slot + byte, 0, 3);
+  };
+  for (int n = 0; n < ahead; ++n) prefetch(n);
+  for (int n0 = 0; n0 < num_rows; n0 += kTile) {
+    const int count = num_rows - n0 < kTile ? num_rows - n0 : kTile;
+    for (int t = 0; t < count; ++t) prefetch(n0 + t + ahead);
+    for (int b = 0; b < kv_heads; ++b) {
+      const float* weights = item.weights + (b * stride + n0) * kHeads;
+      for (int j0 = 0; j0 < head_dim; j0 += 16 * kVecs) {
+        float* acc_base = item.acc + b * kHeads * head_dim + j0;
+        __m512 acc[kHeads][kVecs];
+        for (int h = 0; h < kHeads; ++h)
+          for (int v = 0; v < kVecs; ++v)
+            acc[h][v] = _mm512_loadu_ps(acc_base + h * head_dim + 16 * v);
+        const uint8_t* chunk = item.v_layer + b * head_dim + j0;
+        for (int t = 0; t < count; ++t) {
+          const uint8_t* codes = chunk + item.rows[n0 + t] * head_dim;
+          __m512 value[kVecs];
+          for (int v = 0; v < kVecs; ++v) value[v] = DequantiseSixteenZmm(codes + 16 * v);
+          for (int h = 0; h < kHeads; ++h) {
+            const __m512 weight = _mm512_set1_ps(weights[t * kHeads + h]);
+            for (int v = 0; v < kVecs; ++v)
+              acc[h][v] = _mm512_fmadd_ps(weight, value[v], acc[h][v]);
+          }
+        }
+        for (int h = 0; h < kHeads; ++h)
+          for (int v = 0; v < kVecs; ++v)
+            _mm512_storeu_ps(acc_base + h * head_dim + 16 * v, acc[h][v]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void ScorePassAvx512Bf16(const DecodeItem& item, int stride) {
-  if (item.group % 4 == 0) {
+  // vpermi2b (AVX-512 VBMI) lookups where the tile fits; else the fp16-trick pass.
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  if (vbmi && item.head_dim % 64 == 0 && item.group <= 4 && 4 % item.group == 0) {
+    if (item.group == 4) {
+      ScorePassTable<4>(item, stride);
+    } else if (item.group == 2) {
+      ScorePassTable<2>(item, stride);
+    } else {
+      ScorePassTable<1>(item, stride);
+    }
+  } else if (item.group % 4 == 0) {
     ScorePassBf16<4, 16>(item, stride);
   } else if (item.group % 2 == 0) {
     ScorePassBf16<2, 16>(item, stride);
@@ -173,6 +385,48 @@ bool TryValuePassAvx512(const DecodeItem& item, int stride) {
     default:
       return false;
   }
+}
+
+bool FusedItemSupported(int group, int head_dim) {
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  return vbmi && head_dim % 64 == 0 && (group == 4 || group == 2 || group == 1) &&
+         (group == 4 || head_dim % 128 == 0);
+}
+
+void DecodeItemFusedAvx512(const DecodeItem& item) {
+  const int stride = (item.num_rows + 7) / 8 * 8;
+  switch (item.group) {
+    case 4:
+      FusedScorePass<4>(item, stride);
+      break;
+    case 2:
+      FusedScorePass<2>(item, stride);
+      break;
+    default:
+      FusedScorePass<1>(item, stride);
+      break;
+  }
+  for (int b = 0; b < item.kv_heads; ++b) {
+    DecodeItem head = item;
+    head.kv_heads = 1;
+    head.scores = item.scores + b * item.group * stride;
+    head.lse = item.lse ? item.lse + b * item.group : nullptr;
+    SoftmaxPassX86(head, stride);
+  }
+  switch (item.group) {
+    case 4:
+      FusedValuePass<4, 4>(item, stride);
+      break;
+    case 2:
+      FusedValuePass<2, 8>(item, stride);
+      break;
+    default:
+      FusedValuePass<1, 8>(item, stride);
+      break;
+  }
+  DecodeItem all = item;
+  all.group = item.kv_heads * item.group;  // the gate is element-wise over [H * G, D]
+  GatePassX86(all);
 }
 
 }  // namespace sds::cpu_internal

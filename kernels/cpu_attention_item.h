@@ -10,17 +10,30 @@ namespace sds::cpu_internal {
 
 // Everything one work item needs; all pointers are host pointers.
 struct DecodeItem {
-  int group = 0;     // G query heads served by this KV head
+  int group = 0;  // G query heads served by each KV head
+  // H KV heads of one request computed together (a fused item, shared indices only;
+  // DecodeItemFusedAvx512); 1 otherwise. With H > 1 the per-head shapes below gain a
+  // leading H: q, gate, out, q_f32, acc: [H * G, D]; lse: [H * G]; k_scale, v_scale:
+  // [H, N rounded up to 8]; scores: [H * G, N rounded up to 8]; weights: [H, N rounded
+  // up to 8, G]; rows are shared and k_layer / v_layer point at the first head.
+  int kv_heads = 1;
   int head_dim = 0;  // D
   int num_rows = 0;  // N valid (non-negative) indices, duplicates included, N >= 1
+  // Bytes of each row's token slot the x86 kernels prefetch from the row's start: D, or
+  // more (up to the rest of the slot) to pull in the rows of the KV heads that follow.
+  int prefetch_bytes = 0;
+  int prefetch_rows = 0;  // how many rows ahead the x86 kernels prefetch
   float inv_sqrt_d = 0.0f;
   bool bf16_scores = false;  // AVX2 kernel: scores with AVX-512 BF16 dot products
-  // k_layer, v_layer: the layer's [num_pages * page_size * Hkv, D] FP8 rows.
+  // k_layer, v_layer: the layer's [num_pages * page_size * Hkv, D] FP8 rows, offset by
+  // kv_head * D elements.
   const uint8_t* k_layer = nullptr;
   const uint8_t* v_layer = nullptr;
   // rows, k_scale, v_scale: [N rounded up to 8], in index order; the padding repeats
   // the last row (readable memory; its results are discarded).
-  const int64_t* rows = nullptr;   // row = slot * Hkv + kv_head
+  // Row n's K codes are k_layer[rows[n] * D, + D) (V likewise): rows hold slot * Hkv
+  // and the layer pointers already include the KV head's offset kv_head * D.
+  const int64_t* rows = nullptr;
   const float* k_scale = nullptr;  // dequantisation scale of each K row
   const float* v_scale = nullptr;  // dequantisation scale of each V row
   const uint16_t* q = nullptr;     // [G, D] bf16 (the group's query heads)
@@ -43,7 +56,8 @@ void DecodeItemAvx2(const DecodeItem& item);
 // The x86 kernels dequantise FP8 through fp16 bits, giving value / 256 (see
 // cpu_attention_avx2.cc); the factor is folded back into the scales.
 inline constexpr float kFp16CodeScale = 256.0f;
-// How many rows ahead the x86 kernels prefetch K and V.
+// How many rows ahead the x86 kernels prefetch K and V, for one KV head's rows (D bytes
+// each); wider prefetches go proportionally fewer rows ahead (same bytes in flight).
 inline constexpr int kPrefetchRows = 32;
 
 // AVX-512 BF16 parts (cpu_attention_avx512.cc), called from DecodeItemAvx2 only when
@@ -52,11 +66,23 @@ inline constexpr int kPrefetchRows = 32;
 void ScorePassAvx512Bf16(const DecodeItem& item, int stride);
 bool TryValuePassAvx512(const DecodeItem& item, int stride);
 
-// Prefetches the K and V rows of row n (when n < stride) towards L1.
+// Softmax of scores [G, stride] (lse too) and the gate of acc [G, D] into out: the AVX2
+// file's passes, for the fused item.
+void SoftmaxPassX86(const DecodeItem& item, int stride);
+void GatePassX86(const DecodeItem& item);
+
+// The fused item (kv_heads >= 1 KV heads sharing one row list, each token slot read once
+// for all of them) on the kAvx512Bf16 path; needs FusedItemSupported(G, D) (AVX-512
+// VBMI, D % 64 == 0, G in {1, 2, 4} with D % 128 == 0 unless G == 4). Gives the same
+// bits as running each KV head alone through DecodeItemAvx2.
+bool FusedItemSupported(int group, int head_dim);
+void DecodeItemFusedAvx512(const DecodeItem& item);
+
+// Prefetches prefetch_bytes of K and V from row n's start (when n < stride) towards L1.
 inline void PrefetchRows(const DecodeItem& item, int n, int stride) {
   if (n >= stride) return;
   const int64_t offset = item.rows[n] * item.head_dim;
-  for (int byte = 0; byte < item.head_dim; byte += 64) {
+  for (int byte = 0; byte < item.prefetch_bytes; byte += 64) {
     __builtin_prefetch(item.k_layer + offset + byte, 0, 3);
     __builtin_prefetch(item.v_layer + offset + byte, 0, 3);
   }
