@@ -69,7 +69,8 @@ TEST_F(MetricsTest, ExpositionReflectsTraffic) {
   has("sds_sequences 1");
   has("sds_queue_depth 0");
   has("sds_active_streams 0");
-  has("sds_build_info{backend=\"cpu\",num_q_heads=\"8\",num_kv_heads=\"2\",head_dim=\"64\","
+  has("sds_build_info{backend=\"" + TestBackend() +
+      "\",num_q_heads=\"8\",num_kv_heads=\"2\",head_dim=\"64\","
       "scale_mode=\"per_tensor\",scales_default=\"false\",version=\"0.1.0\"} 1");
   for (const char* family : {"sds_batch_size", "sds_batch_queue_seconds",
                              "sds_batch_compute_seconds", "sds_batch_total_seconds"}) {
@@ -84,8 +85,8 @@ TEST_F(MetricsTest, ExpositionReflectsTraffic) {
 }
 
 TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
-  const std::string promtool = SDS_PROMTOOL_PATH;
-  if (promtool.empty()) GTEST_SKIP() << "promtool not installed";
+  const std::string promtool = ToolPath("SDS_PROMTOOL", SDS_PROMTOOL_PATH);
+  if (promtool.empty()) GTEST_SKIP() << "promtool not installed (or SDS_PROMTOOL empty)";
   const std::string path = TempDir() + "/metrics.txt";
   std::ofstream(path) << Scrape();
   std::string output;
@@ -93,8 +94,8 @@ TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
 }
 
 TEST_F(MetricsTest, PrometheusScrapesTheServer) {
-  const std::string prometheus = SDS_PROMETHEUS_PATH;
-  if (prometheus.empty()) GTEST_SKIP() << "prometheus not installed";
+  const std::string prometheus = ToolPath("SDS_PROMETHEUS", SDS_PROMETHEUS_PATH);
+  if (prometheus.empty()) GTEST_SKIP() << "prometheus not installed (or SDS_PROMETHEUS empty)";
   const std::string dir = TempDir();
   const int port = FreePort();
   std::ofstream(dir + "/prometheus.yml")

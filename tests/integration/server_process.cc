@@ -37,6 +37,32 @@ std::string TempPath(const char* stem) {
 
 }  // namespace
 
+const std::string& TestBackend() {
+  static const std::string backend = [] {
+    const char* env = std::getenv("SDS_TEST_BACKEND");
+    std::string value = env == nullptr || *env == '\0' ? "cpu" : env;
+    if (value != "cpu" && value != "cuda") {
+      std::fprintf(stderr, "SDS_TEST_BACKEND must be cpu or cuda (got '%s')\n", value.c_str());
+      std::abort();
+    }
+    return value;
+  }();
+  return backend;
+}
+
+const std::string& DecodeServerPath() {
+  static const std::string path = [] {
+    const char* env = std::getenv("SDS_DECODE_SERVER");
+    return std::string(env != nullptr && *env != '\0' ? env : SDS_DECODE_SERVER_PATH);
+  }();
+  return path;
+}
+
+std::string ToolPath(const char* env_var, const std::string& built_in) {
+  const char* env = std::getenv(env_var);
+  return env != nullptr ? std::string(env) : built_in;
+}
+
 pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& log_path) {
   pid_t pid = fork();
   if (pid != 0) return pid;
@@ -67,8 +93,9 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
                                                     std::string* error) {
   std::unique_ptr<ServerProcess> server(new ServerProcess());
   server->log_path_ = TempPath("server.log");
-  std::vector<std::string> args = {SDS_DECODE_SERVER_PATH, "--backend=cpu", "--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0", "--cpu_threads=2"};
+  std::vector<std::string> args = {DecodeServerPath(), "--backend=" + TestBackend(),
+                                   "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                   "--cpu_threads=2"};
   args.insert(args.end(), flags.begin(), flags.end());
   server->pid_ = SpawnProcess(args, server->log_path_);
   const std::regex ready(R"(serving on .*\(port (\d+)\).* metrics .*\(port (\d+)\))");
@@ -141,15 +168,15 @@ std::string ServerProcess::Log() const { return ReadFile(log_path_); }
 
 int RunServerToExit(const std::vector<std::string>& flags, std::string* output) {
   const std::string log = TempPath("server.log");
-  std::vector<std::string> args = {SDS_DECODE_SERVER_PATH, "--listen=127.0.0.1:0",
-                                   "--metrics_listen="};
+  std::vector<std::string> args = {DecodeServerPath(), "--listen=127.0.0.1:0", "--metrics_listen="};
   args.insert(args.end(), flags.begin(), flags.end());
   pid_t pid = SpawnProcess(args, log);
   int status = 0;
-  // A server that starts fine (it should not here) is stopped after a while.
+  // A server that starts fine (it should not here) is stopped once it serves.
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (waitpid(pid, &status, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() > give_up) {
+    if (std::chrono::steady_clock::now() > give_up ||
+        ReadFile(log).find("serving on") != std::string::npos) {
       kill(pid, SIGTERM);
       waitpid(pid, &status, 0);
       break;

@@ -15,7 +15,7 @@ namespace sds::itest {
 
 class ServerProcess {
  public:
-  // Starts decode_server with the cpu backend, --listen/--metrics_listen on
+  // Starts decode_server with TestBackend(), --listen/--metrics_listen on
   // 127.0.0.1:0 plus `flags`, and waits until it reports its ports (self-test passed)
   // and answers health checks with SERVING. nullptr and `error` (with the log) if not.
   static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags,
@@ -41,8 +41,18 @@ class ServerProcess {
   std::string log_path_;
 };
 
+// The backend the integration tests run the server with: $SDS_TEST_BACKEND, "cpu"
+// (default) or "cuda"; any other value aborts the test binary.
+const std::string& TestBackend();
+
+// The decode_server binary: $SDS_DECODE_SERVER, else the one this build made.
+const std::string& DecodeServerPath();
+
+// A tool's path: $env_var when set (empty = not available), else `built_in`.
+std::string ToolPath(const char* env_var, const std::string& built_in);
+
 // Runs decode_server with `flags` to completion (for start-up failures; one that
-// starts is sent SIGTERM after 30 s); returns the exit status and the output.
+// starts serving is sent SIGTERM at once); returns the exit status and the output.
 int RunServerToExit(const std::vector<std::string>& flags, std::string* output);
 
 // grpc.health.v1.Health/Check through the generic stub (no health proto needed):
