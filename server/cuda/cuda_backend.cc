@@ -3,6 +3,7 @@
 // append launch and one decode launch per batch, CUDA-event timing.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -154,7 +155,7 @@ class CudaBackend : public Backend {
       if (absl::Status s = CudaCall(cudaEventElapsedTime(&ms, start_, stop_), "batch timing");
           !s.ok())
         return s;
-      timing->compute_us = static_cast<int64_t>(ms * 1000.0f + 0.5f);
+      timing->compute_us = std::llround(ms * 1000.0);
     }
     return absl::OkStatus();
   }
