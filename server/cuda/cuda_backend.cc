@@ -3,8 +3,8 @@
 // append launch and one decode launch per batch, CUDA-event timing.
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
