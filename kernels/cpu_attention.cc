@@ -162,8 +162,9 @@ void RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, const HeadB
   work.head_dim = head_dim;
   work.num_rows = num_rows;
   work.prefetch_bytes = kv_heads * head_dim;
-  // Slots ahead to prefetch: about the bytes one head keeps in flight, at least 2.
-  work.prefetch_rows = std::max(2, cpu_internal::kPrefetchRows / kv_heads);
+  // Slots ahead to prefetch (8 KiB of K or V ahead at 8 x 128; measured at the seed
+  // shape, single thread: 8 rows 5.45 ms, 4 rows 5.7 ms, 16-32 rows 5.5-5.6 ms).
+  work.prefetch_rows = std::clamp(64 / kv_heads, 8, 32);
   work.inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const int64_t layer_base = static_cast<int64_t>(layer) * geo.LayerElements();
   work.k_layer = cache.k + layer_base + static_cast<int64_t>(block.first_head) * head_dim;

@@ -227,19 +227,24 @@ void FusedScorePass(const DecodeItem& item, int stride) {
   uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [H * G, D] bf16, permuted
   PermuteQuery(item.q, kv_heads * kHeads * head_dim, query);
   const TableKeys lookup = LoadTableKeys();
-  auto prefetch = [&](int n) {
-    if (n >= stride) return;
-    const uint8_t* slot = item.k_layer + item.rows[n] * head_dim;
-    for (int byte = 0; byte < span; byte += 64) __builtin_prefetch(slot + byte, 0, 3);
-  };
-  for (int n = 0; n < ahead; ++n) prefetch(n);
+  for (int n = 0; n < ahead && n < stride; ++n)
+    for (int byte = 0; byte < span; byte += 64)
+      __builtin_prefetch(item.k_layer + item.rows[n] * head_dim + byte, 0, 3);
   for (int n0 = 0; n0 < stride; n0 += kRows) {
     const uint8_t* codes[kRows];
+    const uint8_t* future[kRows];  // the slots `ahead` rows on (or nullptr past the end)
     for (int t = 0; t < kRows; ++t) {
-      prefetch(n0 + t + ahead);
       codes[t] = item.k_layer + item.rows[n0 + t] * head_dim;
+      const int n = n0 + t + ahead;
+      future[t] = n < stride ? item.k_layer + item.rows[n] * head_dim : nullptr;
     }
     for (int b = 0; b < kv_heads; ++b) {
+      // Prefetches spread over the heads (a few lines at a time, so none are dropped):
+      // head b's D bytes of each future slot.
+      for (int t = 0; t < kRows; ++t)
+        if (future[t] != nullptr)
+          for (int byte = 0; byte < head_dim; byte += 64)
+            __builtin_prefetch(future[t] + b * head_dim + byte, 0, 3);
       float factor[kRows];
       for (int t = 0; t < kRows; ++t)
         factor[t] = item.k_scale[b * stride + n0 + t] * item.inv_sqrt_d;
@@ -305,18 +310,24 @@ void FusedValuePass(const DecodeItem& item, int stride) {
                                                       item.v_scale[b * stride + n] * kFp16CodeScale;
   for (int e = 0; e < kv_heads * kHeads * head_dim; e += 16)
     _mm512_storeu_ps(item.acc + e, _mm512_setzero_ps());
-  auto prefetch = [&](int n) {
-    if (n >= num_rows) return;
-    const uint8_t* slot = item.v_layer + item.rows[n] * head_dim;
-    for (int byte = 0; byte < span; byte += 64) __builtin_prefetch(slot + byte, 0, 3);
-  };
-  for (int n = 0; n < ahead; ++n) prefetch(n);
+  for (int n = 0; n < ahead && n < num_rows; ++n)
+    for (int byte = 0; byte < span; byte += 64)
+      __builtin_prefetch(item.v_layer + item.rows[n] * head_dim + byte, 0, 3);
   for (int n0 = 0; n0 < num_rows; n0 += kTile) {
     const int count = num_rows - n0 < kTile ? num_rows - n0 : kTile;
-    for (int t = 0; t < count; ++t) prefetch(n0 + t + ahead);
+    const uint8_t* future[kTile];  // the slots `ahead` rows on (or nullptr past the end)
+    for (int t = 0; t < kTile; ++t) {
+      const int n = n0 + t + ahead;
+      future[t] = n < num_rows ? item.v_layer + item.rows[n] * head_dim : nullptr;
+    }
     for (int b = 0; b < kv_heads; ++b) {
       const float* weights = item.weights + (b * stride + n0) * kHeads;
       for (int j0 = 0; j0 < head_dim; j0 += 16 * kVecs) {
+        // Prefetches spread over the chunks: the same bytes of each future slot.
+        for (int t = 0; t < kTile; ++t)
+          if (future[t] != nullptr)
+            for (int byte = 0; byte < 16 * kVecs; byte += 64)
+              __builtin_prefetch(future[t] + b * head_dim + j0 + byte, 0, 3);
         float* acc_base = item.acc + b * kHeads * head_dim + j0;
         __m512 acc[kHeads][kVecs];
         for (int h = 0; h < kHeads; ++h)
