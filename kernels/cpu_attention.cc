@@ -63,12 +63,8 @@ int GatherBaseRows(const CacheGeometry& geo, const int32_t* pages, const int32_t
 }
 
 // Runs KV head `kv_head` of request b over the base rows `rows` [N rounded up to 8].
-// prefetch_bytes: bytes of each token slot to prefetch from this head's row on (head_dim,
-// or the whole block's span when this head is the first of a shared-index block).
-// The arithmetic never depends on prefetch_bytes or on the block a head belongs to.
 void RunHead(const CacheView& cache, const DecodeBatch& batch, int b, int kv_head,
-             const int64_t* rows, int num_rows, int prefetch_bytes, CpuKernelPath path,
-             ItemScratch& scratch) {
+             const int64_t* rows, int num_rows, CpuKernelPath path, ItemScratch& scratch) {
   const CacheGeometry& geo = cache.geo;
   const int num_kv_heads = geo.num_kv_heads, head_dim = geo.head_dim;
   const int group = batch.num_q_heads / num_kv_heads;
@@ -100,8 +96,7 @@ void RunHead(const CacheView& cache, const DecodeBatch& batch, int b, int kv_hea
   work.group = group;
   work.head_dim = head_dim;
   work.num_rows = num_rows;
-  work.prefetch_bytes = prefetch_bytes;
-  work.prefetch_rows = std::max(1, cpu_internal::kPrefetchRows * head_dim / prefetch_bytes);
+  work.prefetch_rows = cpu_internal::kPrefetchRows;
   work.inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   // Row r of this head is at k_layer + r * D with r = base row; the head's offset within
   // the token slot is folded into the layer pointers.
@@ -161,7 +156,6 @@ void RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, const HeadB
   work.kv_heads = kv_heads;
   work.head_dim = head_dim;
   work.num_rows = num_rows;
-  work.prefetch_bytes = kv_heads * head_dim;
   // Slots ahead to prefetch (8 KiB of K or V ahead at 8 x 128; measured at the seed
   // shape, single thread: 8 rows 5.45 ms, 4 rows 5.7 ms, 16-32 rows 5.5-5.6 ms).
   work.prefetch_rows = std::clamp(64 / kv_heads, 8, 32);
@@ -185,11 +179,12 @@ void RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, const HeadB
   cpu_internal::DecodeItemFusedAvx512(work);
 }
 
-// Runs one work item: the KV heads of `block`, one after the other. When request b's
-// indices are shared by all KV heads the row list is built once. (Prefetching the
-// block's whole span of each token slot in the first head, for the later heads to find
-// in cache, measured 40% slower out of cache at the seed shape: the request's 1 MiB of
-// K/V does not stay in L2, and the first head's wide prefetches stall it.)
+// Runs one work item: the KV heads of `block`. When request b's indices are shared by
+// all KV heads the row list is built once, and on the kAvx512Bf16 path (where the shape
+// allows) the heads run as one fused item that reads each token slot once. (Running the
+// heads one by one with the first head prefetching each slot's whole span, for the
+// others to find in cache, measured 40% slower out of cache: the request's 1 MiB of K/V
+// does not stay in L2, and the wide prefetch bursts stall the first head.)
 void RunBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock& block,
               CpuKernelPath path) {
   thread_local ItemScratch scratch;
@@ -207,14 +202,14 @@ void RunBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock&
       return;
     }
     for (int i = 0; i < block.num_heads; ++i)
-      RunHead(cache, batch, block.b, block.first_head + i, rows, num_rows, head_dim, path, scratch);
+      RunHead(cache, batch, block.b, block.first_head + i, rows, num_rows, path, scratch);
     return;
   }
   for (int i = 0; i < block.num_heads; ++i) {
     const int kv_head = block.first_head + i;
     const int num_rows = GatherBaseRows(cache.geo, pages,
                                         indices + static_cast<int64_t>(kv_head) * topk, topk, rows);
-    RunHead(cache, batch, block.b, kv_head, rows, num_rows, head_dim, path, scratch);
+    RunHead(cache, batch, block.b, kv_head, rows, num_rows, path, scratch);
   }
 }
 

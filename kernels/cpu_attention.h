@@ -1,8 +1,11 @@
 // Sparse top-K GQA decode attention with fused sigmoid gate on the CPU, following the
-// maths of DESIGN.md. Work is split into (request, KV head) items; each item reads its
-// K/V rows once and serves all G = Hq / Hkv query heads of the group. An item's result
-// depends only on its own request (fixed summation order), so outputs are batch
-// invariant and independent of the thread count.
+// maths of DESIGN.md. Work is split into (request, block of KV heads) items; each KV
+// head's K/V rows are read once and serve all G = Hq / Hkv query heads of the group.
+// When a request's indices are shared by all KV heads, the AVX-512 path computes the
+// block's heads together (each token slot's Hkv * D bytes read as one contiguous run).
+// A head's arithmetic depends only on its own request (fixed summation order, the same
+// whatever block it is in), so outputs are batch invariant and independent of the
+// thread count; the block size may follow the batch size.
 #pragma once
 
 #include "kernels/cpu_thread_pool.h"
@@ -15,7 +18,8 @@ enum class CpuKernelPath {
   kPortable,    // plain C++ (lookup-table dequantisation)
   kAvx2,        // explicit AVX2/FMA/F16C (D % 16 == 0); else portable
   kAvx512Bf16,  // kAvx2 with AVX-512 BF16 dot products for q.k and zmm accumulation
-                // of p.V (D % 32 == 0); else kAvx2
+                // of p.V (D % 32 == 0); else kAvx2. With AVX-512 VBMI, D % 64 == 0 and
+                // G in {1, 2, 4}: keys looked up as bf16 (vpermi2b), fused KV heads.
 };
 
 // True when this CPU can run the kAvx2 / kAvx512Bf16 paths.

@@ -1,5 +1,5 @@
-// Internal to the CPU attention: one (request, KV head) work item, and the kernels
-// that compute it. Not part of the public interface.
+// Internal to the CPU attention: one (request, KV head) work item, or a fused one over
+// several KV heads, and the kernels that compute them. Not part of the public interface.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +17,9 @@ struct DecodeItem {
   // [H, N rounded up to 8]; scores: [H * G, N rounded up to 8]; weights: [H, N rounded
   // up to 8, G]; rows are shared and k_layer / v_layer point at the first head.
   int kv_heads = 1;
-  int head_dim = 0;  // D
-  int num_rows = 0;  // N valid (non-negative) indices, duplicates included, N >= 1
-  // Bytes of each row's token slot the x86 kernels prefetch from the row's start: D, or
-  // more (up to the rest of the slot) to pull in the rows of the KV heads that follow.
-  int prefetch_bytes = 0;
-  int prefetch_rows = 0;  // how many rows ahead the x86 kernels prefetch
+  int head_dim = 0;       // D
+  int num_rows = 0;       // N valid (non-negative) indices, duplicates included, N >= 1
+  int prefetch_rows = 0;  // how many rows (token slots) ahead the x86 kernels prefetch
   float inv_sqrt_d = 0.0f;
   bool bf16_scores = false;  // AVX2 kernel: scores with AVX-512 BF16 dot products
   // k_layer, v_layer: the layer's [num_pages * page_size * Hkv, D] FP8 rows, offset by
@@ -56,8 +53,7 @@ void DecodeItemAvx2(const DecodeItem& item);
 // The x86 kernels dequantise FP8 through fp16 bits, giving value / 256 (see
 // cpu_attention_avx2.cc); the factor is folded back into the scales.
 inline constexpr float kFp16CodeScale = 256.0f;
-// How many rows ahead the x86 kernels prefetch K and V, for one KV head's rows (D bytes
-// each); wider prefetches go proportionally fewer rows ahead (same bytes in flight).
+// How many rows ahead the per-KV-head x86 kernels prefetch K and V.
 inline constexpr int kPrefetchRows = 32;
 
 // AVX-512 BF16 parts (cpu_attention_avx512.cc), called from DecodeItemAvx2 only when
@@ -78,11 +74,11 @@ void GatePassX86(const DecodeItem& item);
 bool FusedItemSupported(int group, int head_dim);
 void DecodeItemFusedAvx512(const DecodeItem& item);
 
-// Prefetches prefetch_bytes of K and V from row n's start (when n < stride) towards L1.
+// Prefetches the K and V rows of row n (when n < stride) towards L1.
 inline void PrefetchRows(const DecodeItem& item, int n, int stride) {
   if (n >= stride) return;
   const int64_t offset = item.rows[n] * item.head_dim;
-  for (int byte = 0; byte < item.prefetch_bytes; byte += 64) {
+  for (int byte = 0; byte < item.head_dim; byte += 64) {
     __builtin_prefetch(item.k_layer + offset + byte, 0, 3);
     __builtin_prefetch(item.v_layer + offset + byte, 0, 3);
   }
