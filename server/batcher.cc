@@ -44,6 +44,11 @@ void Batcher::Start() {
 }
 
 absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent) {
+  // The assembler sleeps without a deadline only on an empty queue; otherwise it wakes
+  // by itself when the oldest request's delay ends. Wake it only when this entry can
+  // close a batch earlier: a context switch per request is the largest cost otherwise.
+  const auto* decode = std::get_if<DecodeWork>(&entry);
+  bool wake = decode == nullptr || (options_.eager && decode->closes_batch);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (stopping_) return absl::UnavailableError("server is draining");
@@ -59,12 +64,14 @@ absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent
     } else {
       queue_.push_back(std::move(entry));
     }
+    wake =
+        wake || queue_.size() == 1 || queue_.size() >= static_cast<size_t>(options_.max_batch_size);
   }
   {
     std::lock_guard<std::mutex> lock(outstanding_mu_);
     ++outstanding_;
   }
-  queue_cv_.notify_one();
+  if (wake) queue_cv_.notify_one();
   return absl::OkStatus();
 }
 
@@ -125,6 +132,7 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
     seen.clear();
     size_t eligible = 0, expiring = 0;
     bool blocked = false;  // a non-decode entry ends the scan: it keeps its place
+    bool closes = false;   // the last item of a DecodeBatch call is in the batch
     Clock::time_point oldest = Clock::time_point::max();
     const size_t window = std::min(queue_.size(), scan_limit);
     for (size_t i = 0; i < window && eligible < static_cast<size_t>(options_.max_batch_size); ++i) {
@@ -140,14 +148,17 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
         actions.push_back(kTake);
         ++eligible;
         oldest = std::min(oldest, d->enqueued);
+        closes = closes || d->closes_batch;
       } else {
         actions.push_back(kKeep);
       }
     }
-    const bool close = eligible >= static_cast<size_t>(options_.max_batch_size) || blocked ||
-                       draining_ || stopping_ || actions.size() >= scan_limit ||
-                       (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
-                       (eligible == 0 && expiring > 0);
+    const bool close =
+        eligible >= static_cast<size_t>(options_.max_batch_size) || blocked || draining_ ||
+        stopping_ || actions.size() >= scan_limit ||
+        (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
+        (eligible > 0 && options_.eager && (closes || batches_in_flight_.load() == 0)) ||
+        (eligible == 0 && expiring > 0);
     if (!close) {
       queue_cv_.wait_until(lock, oldest + options_.max_queue_delay);
       continue;
@@ -179,7 +190,7 @@ void Batcher::AssemblerLoop() {
     int buffer;
     {
       std::unique_lock<std::mutex> lock(pipe_mu_);
-      pipe_cv_.wait(lock, [&] { return !free_buffers_.empty(); });
+      buffer_cv_.wait(lock, [&] { return !free_buffers_.empty(); });
       buffer = free_buffers_.back();
       free_buffers_.pop_back();
     }
@@ -197,16 +208,18 @@ void Batcher::AssemblerLoop() {
       }
       ready.buffer = buffer;
       ready.decodes = std::move(decodes);
+      batches_in_flight_.fetch_add(1);
     } else {
       ready.single = std::move(single);
     }
+    const bool hand_over = ready.buffer >= 0 || ready.single != nullptr;
     {
       std::lock_guard<std::mutex> lock(pipe_mu_);
       if (ready.buffer < 0) free_buffers_.push_back(buffer);
-      if (ready.buffer >= 0 || ready.single) ready_.push_back(std::move(ready));
+      if (hand_over) ready_.push_back(std::move(ready));
       if (!more) assembler_done_ = true;
     }
-    pipe_cv_.notify_all();
+    if (hand_over || !more) ready_cv_.notify_one();
     if (!more) return;
   }
 }
@@ -216,7 +229,7 @@ void Batcher::ExecutorLoop() {
     Ready ready;
     {
       std::unique_lock<std::mutex> lock(pipe_mu_);
-      pipe_cv_.wait(lock, [&] { return !ready_.empty() || assembler_done_; });
+      ready_cv_.wait(lock, [&] { return !ready_.empty() || assembler_done_; });
       if (ready_.empty()) return;
       ready = std::move(ready_.front());
       ready_.pop_front();
@@ -243,7 +256,12 @@ void Batcher::ExecutorLoop() {
         std::lock_guard<std::mutex> lock(pipe_mu_);
         free_buffers_.push_back(ready.buffer);
       }
-      pipe_cv_.notify_all();
+      buffer_cv_.notify_one();
+      // An eager assembler holding requests waits for this moment.
+      if (batches_in_flight_.fetch_sub(1) == 1 && options_.eager) {
+        { std::lock_guard<std::mutex> lock(queue_mu_); }  // no lost wake-up: see TakeWork
+        queue_cv_.notify_one();
+      }
     }
     Completed(items);
   }

@@ -6,10 +6,15 @@
 // oldest request has waited max_queue_delay, and copies the request tensors into the
 // staging buffer. The executor runs batches, prefills and control work in queue order.
 // A batch holds at most one decode per (sequence, layer); a second one stays queued
-// for a later batch. Critical sections only move queue entries; condition variables
-// are notified after the lock is released.
+// for a later batch. With `eager`, a batch also closes at once when it holds the last
+// item of a DecodeBatch call (`DecodeWork::closes_batch`: the runner sent its whole
+// batch) or when the executor has no batch (an idle executor gains nothing by
+// waiting). Critical sections only move queue entries; condition variables are
+// notified after the lock is released, and only when the waiter's decision can change
+// (a queue that was empty, a full batch, a non-decode entry, a finished batch).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -31,6 +36,7 @@ struct BatcherOptions {
   int32_t max_batch_size = 64;
   std::chrono::microseconds max_queue_delay{500};
   int32_t max_queue_depth = 4096;  // decode and prefill items waiting
+  bool eager = false;  // close at once while the executor is idle or on a DecodeBatch's end
 };
 
 class Batcher {
@@ -89,10 +95,12 @@ class Batcher {
   bool stopping_ = false;
 
   std::mutex pipe_mu_;
-  std::condition_variable pipe_cv_;
+  std::condition_variable buffer_cv_;  // the assembler waits for a free staging buffer
+  std::condition_variable ready_cv_;   // the executor waits for work
   std::vector<int> free_buffers_;
   std::deque<Ready> ready_;
   bool assembler_done_ = false;
+  std::atomic<int> batches_in_flight_{0};  // decode batches handed to the executor, not done
 
   std::mutex outstanding_mu_;
   std::condition_variable outstanding_cv_;

@@ -10,7 +10,8 @@ absl::Status DecodeAdmission::Submit(const std::string& tenant,
                                      const sparse_decode::v1::DecodeRequest* request,
                                      sparse_decode::v1::DecodeResponse* response,
                                      Clock::time_point deadline, std::function<bool()> cancelled,
-                                     std::function<void(const absl::Status&)> done) const {
+                                     std::function<void(const absl::Status&)> done,
+                                     bool closes_batch) const {
   if (absl::Status s = ValidateDecode(*request, model_); !s.ok()) return s;
   std::string key = SequenceKey(tenant, request->sequence_id());
   const int32_t layer = request->layer();
@@ -29,6 +30,7 @@ absl::Status DecodeAdmission::Submit(const std::string& tenant,
   work.key = key;
   work.deadline = deadline;
   work.cancelled = std::move(cancelled);
+  work.closes_batch = closes_batch;
   work.done = [pending = pending_, key, layer, done = std::move(done)](const absl::Status& s) {
     pending->Remove(key, layer, 1);  // after the commit: the length already includes it
     done(s);

@@ -22,11 +22,12 @@ class DecodeAdmission {
       : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
 
   // On error nothing was queued and `done` will not be called. `request` and
-  // `response` must stay alive until `done` has run.
+  // `response` must stay alive until `done` has run. `closes_batch`: see DecodeWork.
   absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
                       sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
                       std::function<bool()> cancelled,
-                      std::function<void(const absl::Status&)> done) const;
+                      std::function<void(const absl::Status&)> done,
+                      bool closes_batch = false) const;
 
  private:
   Batcher* batcher_;

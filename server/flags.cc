@@ -38,6 +38,9 @@ ABSL_FLAG(int32_t, max_batch_size, 64, "largest decode batch");
 ABSL_FLAG(int64_t, max_queue_delay_us, 500,
           "a batch closes when its oldest request has waited this long");
 ABSL_FLAG(int32_t, max_queue_depth, 4096, "requests waiting before RESOURCE_EXHAUSTED");
+ABSL_FLAG(bool, eager_batching, false,
+          "launch a batch without waiting up to --max_queue_delay_us when the backend is "
+          "idle or when a DecodeBatch call's items are all queued (lower latency)");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
@@ -131,6 +134,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.backend_config.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   opt.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   opt.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
+  opt.eager_batching = absl::GetFlag(FLAGS_eager_batching);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   opt.auth_token = absl::GetFlag(FLAGS_auth_token);
 

@@ -115,6 +115,7 @@ int Run(const ServerOptions& opt) {
   batcher_options.max_batch_size = opt.backend_config.max_batch_size;
   batcher_options.max_queue_delay = std::chrono::microseconds(opt.max_queue_delay_us);
   batcher_options.max_queue_depth = opt.max_queue_depth;
+  batcher_options.eager = opt.eager_batching;
   Batcher batcher(batcher_options, executor->get(), std::move(staging));
   batcher.Start();
 

@@ -17,6 +17,7 @@ struct ServerOptions {
   bool scales_are_default = false;  // per_tensor mode without configured scales
   int64_t max_queue_delay_us = 0;
   int32_t max_queue_depth = 0;
+  bool eager_batching = false;
   int32_t drain_timeout_s = 0;
   std::string auth_token;  // empty = no authentication
 };

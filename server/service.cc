@@ -59,6 +59,14 @@ grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Metrics* m
 
 constexpr char kDecodeBatchRpc[] = "DecodeBatch";
 
+// Bytes of one decode request and its response at this model shape (bf16 q, gate, k, v
+// and out; int32 indices at max_topk; lse), plus room for the small fields.
+size_t DecodeCallBytes(const ModelShape& m) {
+  const size_t q = size_t{2} * m.num_q_heads * m.head_dim;
+  const size_t kv = size_t{2} * m.num_kv_heads * m.head_dim;
+  return 3 * q + 2 * kv + size_t{4} * m.max_topk + size_t{4} * m.num_q_heads + 2048;
+}
+
 absl::Status NotFound(const std::string& sequence_id) {
   return absl::NotFoundError(
       absl::StrCat("sequence '", sequence_id, "' not found; call CreateSequence first"));
@@ -72,7 +80,12 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
       backend_(backend),
       batcher_(batcher),
       metrics_(metrics),
-      admission_(batcher, &backend->cache(), &pending_, config_.model) {}
+      admission_(batcher, &backend->cache(), &pending_, config_.model),
+      decode_allocator_(DecodeCallBytes(config_.model)),
+      batch_allocator_(8 * DecodeCallBytes(config_.model)) {
+  SetMessageAllocatorFor_Decode(&decode_allocator_);
+  SetMessageAllocatorFor_DecodeBatch(&batch_allocator_);
+}
 
 absl::StatusOr<std::string> DecodeServiceImpl::Admit(
     const grpc::CallbackServerContext& context) const {
@@ -200,8 +213,11 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
             metrics_->CountRequest(kDecodeBatchRpc, s.code());
             if (remaining->fetch_sub(1) == 1) finish(absl::OkStatus());
           };
+          // With --eager_batching the last item closes the batch: the caller sent its
+          // whole batch, waiting for the queue delay would only add latency.
           absl::Status s = admission_.Submit(
-              tenant, item, slot, deadline, [context] { return context->IsCancelled(); }, done);
+              tenant, item, slot, deadline, [context] { return context->IsCancelled(); }, done,
+              /*closes_batch=*/i == n - 1);
           if (!s.ok()) done(s);
         }
       },

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "absl/status/statusor.h"
+#include "server/arena_allocator.h"
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/decode_submit.h"
@@ -73,6 +74,12 @@ class DecodeServiceImpl final : public sparse_decode::v1::DecodeService::Callbac
   Metrics* const metrics_;
   PendingWrites pending_;  // before admission_, which points to it
   const DecodeAdmission admission_;
+  // Per-call arenas for Decode and DecodeBatch (set on the handlers in the constructor).
+  ArenaMessageAllocator<sparse_decode::v1::DecodeRequest, sparse_decode::v1::DecodeResponse>
+      decode_allocator_;
+  ArenaMessageAllocator<sparse_decode::v1::DecodeBatchRequest,
+                        sparse_decode::v1::DecodeBatchResponse>
+      batch_allocator_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_streams_{0};
   std::recursive_mutex streams_mu_;  // recursive: a finished stream may unregister inline

@@ -25,12 +25,28 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context, E
     return;
   }
   tenant_ = *std::move(tenant);
-  reading_ = std::make_unique<v1::DecodeRequest>();
-  StartRead(reading_.get());
+  StartNextReadLocked();
+}
+
+void DecodeStreamReactor::StartNextReadLocked() {
+  if (free_calls_.empty()) {
+    reading_ = std::make_unique<Call>();
+  } else {
+    reading_ = std::move(free_calls_.back());
+    free_calls_.pop_back();
+  }
+  StartRead(&reading_->request);
+}
+
+void DecodeStreamReactor::RecycleLocked(std::unique_ptr<Call> call) {
+  if (free_calls_.size() >= kMaxFreeCalls) return;
+  call->request.Clear();
+  call->response.Clear();
+  free_calls_.push_back(std::move(call));
 }
 
 void DecodeStreamReactor::OnReadDone(bool ok) {
-  std::shared_ptr<Call> call;
+  Call* call;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ok || finished_) {  // half-close or cancellation
@@ -38,8 +54,7 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
       MaybeFinishLocked();
       return;
     }
-    call = std::make_shared<Call>();
-    call->request = std::move(*reading_);
+    call = reading_.release();  // owned by the batcher until Answer
     call->start = Clock::now();
     ++pending_;
   }
@@ -57,19 +72,17 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
     spdlog::debug("DecodeStream: paused reading at {} unanswered requests", kMaxUnanswered);
     return;
   }
-  reading_->Clear();
-  StartRead(reading_.get());
+  StartNextReadLocked();
 }
 
 void DecodeStreamReactor::MaybeResumeReadLocked() {
   if (!read_paused_ || finished_ || drained_ || reads_done_) return;
   if (pending_ + static_cast<int64_t>(writes_.size()) > kMaxUnanswered / 2) return;
   read_paused_ = false;
-  reading_->Clear();
-  StartRead(reading_.get());
+  StartNextReadLocked();
 }
 
-void DecodeStreamReactor::Submit(const std::shared_ptr<Call>& call) {
+void DecodeStreamReactor::Submit(Call* call) {
   absl::Status status;
   try {
     if (env_.draining->load()) {
@@ -87,11 +100,11 @@ void DecodeStreamReactor::Submit(const std::shared_ptr<Call>& call) {
   if (!status.ok()) Answer(call, status);
 }
 
-void DecodeStreamReactor::Answer(const std::shared_ptr<Call>& call, const absl::Status& status) {
-  auto response = std::make_unique<v1::DecodeResponse>();
-  if (status.ok()) {
-    *response = std::move(call->response);
-  } else {
+void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
+  std::unique_ptr<Call> call(raw_call);
+  if (!status.ok()) {
+    v1::DecodeResponse* response = &call->response;
+    response->Clear();
     response->set_request_id(call->request.request_id());
     response->set_error_code(static_cast<int32_t>(status.code()));
     response->set_error_message(std::string(status.message()));
@@ -106,11 +119,13 @@ void DecodeStreamReactor::Answer(const std::shared_ptr<Call>& call, const absl::
   std::lock_guard<std::mutex> lock(mu_);
   --pending_;
   if (!finished_ && !write_failed_) {
-    writes_.push_back(std::move(response));
+    writes_.push_back(std::move(call));
     if (!writing_) {
       writing_ = true;
-      StartWrite(writes_.front().get());
+      StartWrite(&writes_.front()->response);
     }
+  } else {
+    RecycleLocked(std::move(call));
   }
   MaybeResumeReadLocked();
   MaybeFinishLocked();
@@ -118,13 +133,14 @@ void DecodeStreamReactor::Answer(const std::shared_ptr<Call>& call, const absl::
 
 void DecodeStreamReactor::OnWriteDone(bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
+  RecycleLocked(std::move(writes_.front()));
   writes_.pop_front();
   if (!ok) {
     write_failed_ = true;  // the client went away; answers have nowhere to go
     writes_.clear();
   }
   if (!writes_.empty()) {
-    StartWrite(writes_.front().get());
+    StartWrite(&writes_.front()->response);
   } else {
     writing_ = false;
   }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "server/decode_submit.h"
@@ -42,20 +43,26 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   void OnDone() override;
 
  private:
+  // One message's request and response. Calls are recycled (cleared, so their strings
+  // and sub-messages keep their capacity): after warm-up a message costs no allocation.
   struct Call {
     sparse_decode::v1::DecodeRequest request;
     sparse_decode::v1::DecodeResponse response;
     Clock::time_point start;
   };
 
-  void Submit(const std::shared_ptr<Call>& call);
-  void Answer(const std::shared_ptr<Call>& call, const absl::Status& status);
-  void MaybeFinishLocked();      // requires mu_
-  void MaybeResumeReadLocked();  // requires mu_
+  void Submit(Call* call);
+  // Takes ownership back from the batcher (or from Submit on a refusal).
+  void Answer(Call* call, const absl::Status& status);
+  void StartNextReadLocked();                      // requires mu_
+  void RecycleLocked(std::unique_ptr<Call> call);  // requires mu_
+  void MaybeFinishLocked();                        // requires mu_
+  void MaybeResumeReadLocked();                    // requires mu_
 
   // Requests read but not yet written back; beyond this the stream stops reading until
   // the client has taken half of its answers. Bounds a slow reader's memory.
   static constexpr int64_t kMaxUnanswered = 4096;
+  static constexpr size_t kMaxFreeCalls = 8;
 
   grpc::CallbackServerContext* const context_;
   const Env env_;
@@ -64,9 +71,10 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   // The reactions of one call never run inline in the Start* calls, so they may be
   // issued under mu_; that keeps "no operation after Finish" easy to see.
   std::mutex mu_;
-  std::unique_ptr<sparse_decode::v1::DecodeRequest> reading_;
-  std::deque<std::unique_ptr<sparse_decode::v1::DecodeResponse>> writes_;
-  int64_t pending_ = 0;  // submitted, not yet answered
+  std::unique_ptr<Call> reading_;                  // the call StartRead fills
+  std::deque<std::unique_ptr<Call>> writes_;       // answered; front() is being written
+  std::vector<std::unique_ptr<Call>> free_calls_;  // cleared, ready for reuse
+  int64_t pending_ = 0;                            // submitted, not yet answered
   bool reads_done_ = false;
   bool read_paused_ = false;
   bool writing_ = false;

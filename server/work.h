@@ -26,6 +26,7 @@ struct DecodeWork {
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point enqueued;       // set by the batcher
   std::function<bool()> cancelled;  // optional: the caller gave up (not run, CANCELLED)
+  bool closes_batch = false;        // last item of a DecodeBatch call (eager batching)
   std::function<void(const absl::Status&)> done;
 };
 

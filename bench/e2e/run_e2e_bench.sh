@@ -11,7 +11,8 @@
 #   echo_server and decode_loadgen (e.g. gpu_bundle/bin).
 # Knobs (environment): BACKEND (cpu | cuda), SHAPES ("small seed"), LAYERS (2),
 #   PREFILL (576), DURATION_S (5), WARMUP_S (1), CPU_THREADS (0 = all),
-#   STREAMS ("1 16 256"), BATCHES ("64 256"), OUT_DIR, TIMEOUT_MS, QUEUE_DELAY_US (200).
+#   STREAMS ("1 16 256"), BATCHES ("64 256"), OUT_DIR, TIMEOUT_MS, QUEUE_DELAY_US (200),
+#   SERVER_FLAGS (extra decode_server flags; default "--eager_batching", "" for none).
 set -euo pipefail
 
 BIN=${1:-build}
@@ -26,6 +27,7 @@ STREAMS=${STREAMS:-"1 16 256"}
 BATCHES=${BATCHES:-"64 256"}
 TIMEOUT_MS=${TIMEOUT_MS:-10000}
 QUEUE_DELAY_US=${QUEUE_DELAY_US:-200}
+read -r -a EXTRA <<<"${SERVER_FLAGS---eager_batching}"
 OUT_DIR=${OUT_DIR:-$BIN/e2e_bench}
 
 if [[ -x $BIN/decode_server ]]; then
@@ -85,6 +87,7 @@ for shape in $SHAPES; do
   "$SERVER" --listen=127.0.0.1:$SERVER_PORT --metrics_listen=127.0.0.1:$(free_port) \
     --backend="$BACKEND" "${SHAPE[@]}" --page_size=64 --cache_bytes=$CACHE_BYTES \
     --max_batch_size=256 --max_queue_delay_us="$QUEUE_DELAY_US" --cpu_threads="$CPU_THREADS" \
+    "${EXTRA[@]}" \
     >"$OUT_DIR/decode_server_$shape.log" 2>&1 &
   SERVER_PID=$!; PIDS+=("$SERVER_PID")
   wait_port "$ECHO_PID" "$ECHO_PORT" "echo_server_$shape"
