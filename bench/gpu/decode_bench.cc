@@ -1,7 +1,8 @@
 // GPU benchmark of the sparse decode and append kernels. Measures a device read pass
-// in the same process, then for each case the median kernel time (CUDA events, warm-up,
-// L2 flushed before every timed launch) and its ratio to the floor
-// (minimum bytes / read-pass bandwidth). Prints a table; exits non-zero on any error.
+// in the same process, then for each case the median kernel time of the v1 and the v2
+// decode kernels on the same inputs (CUDA events, warm-up, L2 flushed before every
+// timed launch) and its ratio to the floor (minimum bytes / read-pass bandwidth), and
+// the largest v1 - v2 output difference. Prints a table; exits non-zero on any error.
 //   decode_bench [--case NAME] [--iters N] [--flush memset|read]
 // --flush: how L2 is emptied before each timed launch: `memset` (default, the method of
 // the first table) writes 256 MiB, which leaves ~50 MB of dirty lines in L2 that the
@@ -125,8 +126,16 @@ struct Case {
 };
 
 struct Result {
-  double us = 0, floor_us = 0, min_bytes = 0;
+  double us = 0, us_v2 = 0, floor_us = 0, min_bytes = 0;
+  double max_diff = 0, max_abs = 0;  // largest |v1 - v2| and |v1| over the outputs
 };
+
+float Bf16ToFloat(uint16_t x) {
+  const uint32_t b = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
 
 // Random-row gather bandwidth (GB/s) over a `region` byte buffer with rows of row_bytes.
 double GatherGBs(int64_t region, int row_bytes, cudaStream_t s) {
@@ -237,27 +246,38 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
   const double row_bytes = 2.0 * c.d + (c.mode == ScaleMode::kPerTokenHead ? 8.0 : 0.0);
   r.min_bytes = valid * c.hkv * row_bytes + 3.0 * qn * 2 + 4.0 * c.batch * c.topk;
   r.floor_us = r.min_bytes / (read_gbs * 1e3);
-  r.us = TimeMedianUs(
-      [&] {
-        absl::Status st = cuda::LaunchDecode(view, batch, c.topk, ws, s);
-        if (!st.ok()) {
-          std::fprintf(stderr, "%s: %s\n", c.name.c_str(), st.ToString().c_str());
-          std::exit(2);
-        }
-      },
-      iters, flush, s);
-  // Sanity: the output must be finite and not all zero.
-  std::vector<uint16_t> out(qn);
-  Check(cudaMemcpy(out.data(), batch.out, qn * 2, cudaMemcpyDeviceToHost), "download");
-  size_t nonzero = 0, bad = 0;
-  for (uint16_t x : out) {
-    if ((x & 0x7F80) == 0x7F80) ++bad;
-    if (x & 0x7FFF) ++nonzero;
+  std::vector<uint16_t> outs[2];
+  for (int k = 0; k < 2; ++k) {
+    const cuda::DecodeKernel kernel = k == 0 ? cuda::DecodeKernel::kV1 : cuda::DecodeKernel::kV2;
+    Check(cudaMemset(batch.out, 0xFF, qn * 2), "poison out");
+    (k == 0 ? r.us : r.us_v2) = TimeMedianUs(
+        [&] {
+          absl::Status st = cuda::LaunchDecode(view, batch, c.topk, ws, s, kernel);
+          if (!st.ok()) {
+            std::fprintf(stderr, "%s: %s\n", c.name.c_str(), st.ToString().c_str());
+            std::exit(2);
+          }
+        },
+        iters, flush, s);
+    // Sanity: the output must be finite and not all zero.
+    std::vector<uint16_t>& out = outs[k];
+    out.resize(qn);
+    Check(cudaMemcpy(out.data(), batch.out, qn * 2, cudaMemcpyDeviceToHost), "download");
+    size_t nonzero = 0, bad = 0;
+    for (uint16_t x : out) {
+      if ((x & 0x7F80) == 0x7F80) ++bad;
+      if (x & 0x7FFF) ++nonzero;
+    }
+    if (bad || nonzero == 0) {
+      std::fprintf(stderr, "%s v%d: bad output (%zu non-finite, %zu non-zero)\n", c.name.c_str(),
+                   k + 1, bad, nonzero);
+      g_failed = true;
+    }
   }
-  if (bad || nonzero == 0) {
-    std::fprintf(stderr, "%s: bad output (%zu non-finite, %zu non-zero)\n", c.name.c_str(), bad,
-                 nonzero);
-    g_failed = true;
+  for (size_t i = 0; i < qn; ++i) {
+    const double a = Bf16ToFloat(outs[0][i]), b = Bf16ToFloat(outs[1][i]);
+    r.max_diff = std::max(r.max_diff, std::fabs(a - b));
+    r.max_abs = std::max(r.max_abs, std::fabs(a));
   }
   for (const void* p :
        {static_cast<const void*>(view.k), static_cast<const void*>(view.v),
@@ -345,22 +365,27 @@ int main(int argc, char** argv) {
               read_flush ? "read of a separate 256 MiB buffer" : "256 MiB memset");
   std::vector<std::string> lines;
   char line[256];
+  const char* v2_heads = std::getenv("SDS_DECODE_V2_HEADS");
+  std::printf("v2 KV heads per CTA: %s\n", v2_heads ? v2_heads : "chosen per batch");
   for (const Case& c : cases) {
     if (!only.empty() && only != c.name) continue;
     const Result r = RunDecodeCase(c, read_gbs, iters, &flush, s);
-    const double ratio = r.us / r.floor_us;
+    const double ratio = r.us / r.floor_us, ratio_v2 = r.us_v2 / r.floor_us;
     const bool has_goal = c.goal_ratio > 0 || c.goal_us > 0;
-    const bool ok = c.goal_ratio > 0 ? ratio <= c.goal_ratio : r.us <= c.goal_us;
-    if (!(r.us > 0)) g_failed = true;
-    std::snprintf(line, sizeof line, "%-18s %10.1f %10.1f %8.3f %9.1f  %-10s %s", c.name.c_str(),
-                  r.us, r.floor_us, ratio, r.min_bytes / 1e6,
-                  !has_goal ? "-"
-                  : c.goal_ratio > 0
-                      ? ("<=" + std::to_string(c.goal_ratio).substr(0, 4) + "x").c_str()
-                      : ("<=" + std::to_string(static_cast<int>(c.goal_us)) + "us").c_str(),
-                  !has_goal ? "diag"
-                  : ok      ? "met"
-                            : "MISSED");
+    auto met = [&](double us, double rt) {
+      return !has_goal                                                   ? "diag"
+             : (c.goal_ratio > 0 ? rt <= c.goal_ratio : us <= c.goal_us) ? "met"
+                                                                         : "MISSED";
+    };
+    if (!(r.us > 0) || !(r.us_v2 > 0)) g_failed = true;
+    const std::string goal = !has_goal ? "-"
+                             : c.goal_ratio > 0
+                                 ? "<=" + std::to_string(c.goal_ratio).substr(0, 4) + "x"
+                                 : "<=" + std::to_string(static_cast<int>(c.goal_us)) + "us";
+    std::snprintf(line, sizeof line,
+                  "%-18s %9.1f %9.1f %9.1f %7.3f %7.3f %8.1f  %-9s %-6s %-6s %.2g/%.2g",
+                  c.name.c_str(), r.us, r.us_v2, r.floor_us, ratio, ratio_v2, r.min_bytes / 1e6,
+                  goal.c_str(), met(r.us, ratio), met(r.us_v2, ratio_v2), r.max_diff, r.max_abs);
     lines.push_back(line);
     std::printf("%s\n", line);
     std::fflush(stdout);
@@ -391,8 +416,8 @@ int main(int argc, char** argv) {
                   GatherGBs(int64_t{512} << 20, row, s));
   }
   Check(cudaDeviceSynchronize(), "final");
-  std::printf("\n%-18s %10s %10s %8s %9s  %-10s %s\n", "case", "time_us", "floor_us", "ratio",
-              "min_MB", "goal", "status");
+  std::printf("\n%-18s %9s %9s %9s %7s %7s %8s  %-9s %-6s %-6s %s\n", "case", "v1_us", "v2_us",
+              "floor_us", "v1_rat", "v2_rat", "min_MB", "goal", "v1", "v2", "maxdiff/max");
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
   std::printf("read pass %.0f GB/s on %s\n", read_gbs, prop.name);
   return g_failed ? 1 : 0;

@@ -1,6 +1,8 @@
 #include "kernels/cuda/cuda_kernels.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -42,29 +44,131 @@ int32_t DecodeChunks(int32_t topk) {
   return topk > kDecodeChunkTokens ? (topk + kDecodeChunkTokens - 1) / kDecodeChunkTokens : 1;
 }
 
+static int32_t DecodeUnits(int32_t topk) {
+  return topk > kDecodeUnitTokens ? (topk + kDecodeUnitTokens - 1) / kDecodeUnitTokens : 1;
+}
+
+// v2 fine-split floats of `requests` requests of `units` units each.
+static int64_t V2FineFloats(int64_t requests, int32_t units, int32_t num_q_heads,
+                            int32_t head_dim) {
+  return requests * units * num_q_heads * (head_dim + kDecodeStatFloats);
+}
+
 int64_t DecodeWorkspaceFloats(int32_t num_requests, int32_t num_q_heads, int32_t head_dim,
                               int32_t max_topk) {
   const int32_t chunks = DecodeChunks(max_topk);
-  if (chunks == 1) return 0;
-  return static_cast<int64_t>(num_requests) * chunks * num_q_heads * (head_dim + kDecodeStatFloats);
+  const int64_t v1 = chunks == 1 ? 0
+                                 : static_cast<int64_t>(num_requests) * chunks * num_q_heads *
+                                       (head_dim + kDecodeStatFloats);
+  const int32_t units = DecodeUnits(max_topk);
+  if (units == 1) return v1;
+  const int64_t fine_requests =
+      std::min<int64_t>(num_requests, std::max(1, kDecodeV2FineMaxUnits / units));
+  return std::max(v1, V2FineFloats(fine_requests, units, num_q_heads, head_dim));
 }
+
+namespace {
+
+// SDS_DECODE_KERNEL (v1 | v2, v1 when unset), read once; kDefault when the value is bad.
+DecodeKernel EnvDecodeKernel() {
+  static const DecodeKernel kernel = [] {
+    const char* v = std::getenv("SDS_DECODE_KERNEL");
+    if (v == nullptr || *v == 0 || std::string(v) == "v1") return DecodeKernel::kV1;
+    if (std::string(v) == "v2") return DecodeKernel::kV2;
+    return DecodeKernel::kDefault;
+  }();
+  return kernel;
+}
+
+// SDS_DECODE_V2_HEADS (diagnostics): KV heads per v2 CTA, 0 (unset) = chosen per batch.
+int32_t EnvV2Heads() {
+  static const int32_t heads = [] {
+    const char* v = std::getenv("SDS_DECODE_V2_HEADS");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  return heads;
+}
+
+int32_t SmCount() {
+  static const int32_t sms = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 132;
+    }
+    return count;
+  }();
+  return sms;
+}
+
+// KV heads per v2 CTA the plan starts from: 4 measured faster than 8 on the H200 (seed
+// 103 vs 110 us, 8 x 2048 48 vs 52 us: 8 warps of 190 registers fit one CTA per SM).
+constexpr int32_t kV2PlanHeads = 4;
+
+// v2 split of one launch: KV heads per CTA and coarse / fine. Only speed depends on it.
+// Coarse: the widest CTA (up to kV2PlanHeads KV heads) that still gives one CTA per SM,
+// never narrower than 2 heads. Fine (one CTA per 64-index unit): when even that leaves
+// SMs idle and the workspace holds every unit partial. SDS_DECODE_V2_HEADS overrides
+// the heads (up to kDecodeV2MaxHeads).
+absl::Status PlanV2(DecodeKernel kernel, int32_t num_requests, int32_t num_q_heads,
+                    const CacheGeometry& geo, int32_t max_topk, int64_t capacity_floats,
+                    DecodeParams* p) {
+  const int32_t hkv = geo.num_kv_heads;
+  const int32_t hdiv = std::min(kDecodeV2MaxHeads, hkv & -hkv);  // largest 2^k dividing Hkv
+  const int32_t hmax = std::min(kV2PlanHeads, hdiv);
+  const int32_t units = DecodeUnits(max_topk);
+  const int64_t sms = SmCount();
+  const auto ctas = [&](int32_t h, bool fine) {
+    return static_cast<int64_t>(num_requests) * (hkv / h) * (fine ? units : 1);
+  };
+  const bool fine_fits =
+      units == 1 || V2FineFloats(num_requests, units, num_q_heads, geo.head_dim) <= capacity_floats;
+  int32_t h = hmax;
+  while (h > 2 && ctas(h, false) < sms) h /= 2;
+  bool fine = false;
+  if (kernel == DecodeKernel::kV2Fine) {
+    if (!fine_fits) return absl::InternalError("decode workspace too small for the v2 fine split");
+    fine = true;
+  } else if (kernel == DecodeKernel::kV2) {
+    fine = units > 1 && fine_fits && ctas(h, false) < sms &&
+           static_cast<int64_t>(num_requests) * units <= kDecodeV2FineMaxUnits;
+  }
+  if (fine) {
+    h = hmax;
+    while (h > 2 && ctas(h, true) < sms) h /= 2;
+  }
+  const int32_t forced = EnvV2Heads();
+  if (forced > 0 && forced <= hdiv && (forced & (forced - 1)) == 0) h = forced;
+  p->heads_per_cta = h;
+  p->fine = fine ? 1 : 0;
+  p->max_units = units;
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads) {
   return static_cast<int64_t>(num_requests) * num_kv_heads;
 }
 
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
-                          const DecodeWorkspace& workspace, cudaStream_t stream) {
+                          const DecodeWorkspace& workspace, cudaStream_t stream,
+                          DecodeKernel kernel) {
   if (batch.num_requests <= 0) return absl::OkStatus();
   const CacheGeometry& geo = cache.geo;
   if (absl::Status s = CheckDecodeShape(batch.num_q_heads, geo); !s.ok()) return s;
+  if (kernel == DecodeKernel::kDefault) kernel = EnvDecodeKernel();
+  if (kernel == DecodeKernel::kDefault)
+    return absl::InvalidArgumentError("SDS_DECODE_KERNEL must be v1 or v2 (or unset for v1)");
+  const bool v2 = kernel != DecodeKernel::kV1;
   const bool per_token = geo.scale_mode == ScaleMode::kPerTokenHead;
   const int32_t chunks = DecodeChunks(max_topk);
   const int64_t need_floats =
       DecodeWorkspaceFloats(batch.num_requests, batch.num_q_heads, geo.head_dim, max_topk);
   const int64_t need_counters = DecodeWorkspaceCounters(batch.num_requests, geo.num_kv_heads);
-  if (need_floats > workspace.capacity_floats ||
-      (chunks > 1 && need_counters > workspace.capacity_counters))
+  if (!v2 && (need_floats > workspace.capacity_floats ||
+              (chunks > 1 && need_counters > workspace.capacity_counters)))
     return absl::InternalError(absl::StrCat(
         "decode workspace too small: needs ", need_floats, " floats and ", need_counters,
         " counters, has ", workspace.capacity_floats, " and ", workspace.capacity_counters));
@@ -105,8 +209,18 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   p.counters = workspace.counters;
   p.max_chunks = chunks;
   p.score_scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(geo.head_dim));
-  return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token, stream),
-                  "sparse decode kernel launch");
+  if (!v2)
+    return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token, stream),
+                    "sparse decode kernel launch");
+  if (absl::Status s = PlanV2(kernel, batch.num_requests, batch.num_q_heads, geo, max_topk,
+                              workspace.partial == nullptr ? 0 : workspace.capacity_floats, &p);
+      !s.ok())
+    return s;
+  if (p.fine)  // unit partials [B, Hkv, max_units, G, D], then their stats
+    p.partial_stats = workspace.partial + static_cast<int64_t>(batch.num_requests) * p.max_units *
+                                              batch.num_q_heads * geo.head_dim;
+  return CudaCall(EnqueueSparseDecodeV2(p, geo.head_dim, batch.num_requests, per_token, stream),
+                  "sparse decode v2 kernel launch");
 }
 
 absl::Status LaunchAppend(const CacheView& cache, const AppendBatch& append, cudaStream_t stream) {

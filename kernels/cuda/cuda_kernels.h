@@ -29,16 +29,26 @@ struct DecodeWorkspace {
   int64_t capacity_counters = 0;
 };
 
+// Which decode kernel LaunchDecode runs. kDefault: SDS_DECODE_KERNEL=v1|v2 from the
+// environment, read once per process (v1 when unset). v1: CTA per (request, KV head,
+// 512-index chunk). v2: CTA per (request, KV heads group[, 64-index unit]), batch size
+// picks the split (kV2Coarse / kV2Fine force one, for tests and benchmarks).
+enum class DecodeKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2, kV2Coarse = 3, kV2Fine = 4 };
+
 // Chunks (CTAs per (request, KV head)) for a list of `topk` indices: ceil(topk / 512), >= 1.
 int32_t DecodeChunks(int32_t topk);
-// Workspace sizes for `num_requests` requests of at most `max_topk` indices per list.
+// Workspace sizes for `num_requests` requests of at most `max_topk` indices per list
+// (enough for v1 and for v2's fine split of up to kDecodeV2FineMaxUnits units).
 int64_t DecodeWorkspaceFloats(int32_t num_requests, int32_t num_q_heads, int32_t head_dim,
                               int32_t max_topk);
 int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads);
 
-// One launch for the whole batch. `max_topk` is the largest batch.topk[b] (host value).
+// One launch for the whole batch (v2 fine split: plus a merge launch). `max_topk` is the
+// largest batch.topk[b] (host value). Every kernel gives the same bits for a request
+// whatever the batch; v1 and v2 agree within rounding, not bitwise.
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
-                          const DecodeWorkspace& workspace, cudaStream_t stream);
+                          const DecodeWorkspace& workspace, cudaStream_t stream,
+                          DecodeKernel kernel = DecodeKernel::kDefault);
 
 // One launch quantising every row of `append` into the cache (both scale modes).
 absl::Status LaunchAppend(const CacheView& cache, const AppendBatch& append, cudaStream_t stream);

@@ -22,6 +22,16 @@ inline constexpr int kDecodeStepTokens = 16;  // tokens per warp step (one MMA K
 inline constexpr int kDecodeMaxGroup = 16;    // query heads per KV head (MMA M = 16)
 inline constexpr int kDecodeStatFloats = 4;   // per (chunk, head): max_s, max_u, l, pad
 
+// v2 kernel (decode_v2_kernel.cuh): the top-K list is cut into fixed units of
+// kDecodeUnitTokens indices; a unit's partial is computed by one warp per KV head in
+// kDecodeUnitSteps 16-token steps, and a request's units are folded left to right.
+inline constexpr int kDecodeUnitTokens = 64;
+inline constexpr int kDecodeUnitSteps = kDecodeUnitTokens / kDecodeStepTokens;
+inline constexpr int kDecodeV2MaxHeads = 8;  // KV heads (= warps) per v2 CTA
+// The fine split (one CTA per unit) is used for batches of at most this many units
+// (requests x units of the longest list) and sized into DecodeWorkspaceFloats.
+inline constexpr int kDecodeV2FineMaxUnits = 1024;
+
 struct DecodeParams {
   // Cache. k, v: [L, P, page_size, Hkv, D] FP8 bytes.
   const uint8_t* k;
@@ -63,6 +73,14 @@ struct DecodeParams {
   int32_t* counters;
   int32_t max_chunks;
   float score_scale_log2;  // log2(e) / sqrt(D)
+
+  // v2 only. heads_per_cta: KV heads (one warp each) per CTA, a power of two dividing
+  // Hkv. fine: one CTA per unit, unit partials go to partial_o / partial_stats laid out
+  // [B, Hkv, max_units, G, D] and [B, Hkv, max_units, G, kDecodeStatFloats], folded by
+  // the merge kernel; otherwise one CTA walks all units of its request and KV heads.
+  int32_t heads_per_cta;
+  int32_t fine;
+  int32_t max_units;  // ceil(max_topk / kDecodeUnitTokens), >= 1
 };
 
 }  // namespace sds::cuda

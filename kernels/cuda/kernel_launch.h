@@ -16,6 +16,12 @@ namespace sds::cuda {
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
                                 bool per_token_head, cudaStream_t stream);
 
+// Enqueues the v2 decode kernel (decode_v2_kernel.cuh): grid (fine ? max_units : 1,
+// Hkv / heads_per_cta, B), then, when fine and max_units > 1, the merge kernel (Hkv, B).
+// Returns cudaErrorInvalidValue for a bad heads_per_cta or head_dim.
+cudaError_t EnqueueSparseDecodeV2(const DecodeParams& params, int32_t head_dim,
+                                  int32_t num_requests, bool per_token_head, cudaStream_t stream);
+
 // Resident CTAs per SM of the head_dim 128 decode kernel (benchmark diagnostics).
 cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head, int* blocks);
 

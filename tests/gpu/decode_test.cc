@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu_attention.h"
@@ -20,19 +21,24 @@ struct Config {
   bool per_kv;
 };
 
-std::string Name(const ::testing::TestParamInfo<Config>& info) {
-  const Config& c = info.param;
-  return "Hq" + std::to_string(c.hq) + "_Hkv" + std::to_string(c.hkv) + "_D" + std::to_string(c.d) +
-         "_P" + std::to_string(c.page) +
+using cuda::DecodeKernel;
+using Param = std::tuple<Config, DecodeKernel>;
+
+std::string Name(const ::testing::TestParamInfo<Param>& info) {
+  const Config& c = std::get<0>(info.param);
+  return KernelName(std::get<1>(info.param)) + "_Hq" + std::to_string(c.hq) + "_Hkv" +
+         std::to_string(c.hkv) + "_D" + std::to_string(c.d) + "_P" + std::to_string(c.page) +
          (c.mode == ScaleMode::kPerTokenHead ? "_tokenhead" : "_tensor") +
          (c.per_kv ? "_perkv" : "_shared");
 }
 
-class DecodeVsReference : public ::testing::TestWithParam<Config> {};
+class DecodeVsReference : public ::testing::TestWithParam<Param> {};
 
+// Every kernel (v1, v2 with either split) within 2 bf16 ulps of the float64 reference.
 TEST_P(DecodeVsReference, EveryElementWithinTwoUlps) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
-  const Config c = GetParam();
+  const Config c = std::get<0>(GetParam());
+  const DecodeKernel kernel = std::get<1>(GetParam());
   const std::vector<int32_t> lengths = {37, 600, 1500, 3000, c.page, 2100, 1};
   TestCache cache = BuildCache(2, c.hkv, c.d, c.page, c.mode, lengths, 1234 + c.hq + c.d);
   const int topks[] = {1, 7, 16, 100, 511, 512, 513, 1100, 2048, 0, 33, 1025};
@@ -49,7 +55,7 @@ TEST_P(DecodeVsReference, EveryElementWithinTwoUlps) {
   TestBatch batch = BuildBatch(cache, c.hq, specs);
   std::vector<uint16_t> out;
   std::vector<float> lse;
-  RunGpuDecode(cache, batch, /*with_lse=*/true, &out, &lse);
+  RunGpuDecode(cache, batch, /*with_lse=*/true, &out, &lse, kernel);
   for (int b = 0; b < batch.size(); ++b)
     EXPECT_EQ(CompareWithReference(cache, batch, b, out, lse, 2.0), "") << "topk " << specs[b].topk;
 
@@ -74,30 +80,36 @@ TEST_P(DecodeVsReference, EveryElementWithinTwoUlps) {
   // Without lse: the output is the same and nothing else is touched.
   std::vector<uint16_t> out2;
   std::vector<float> lse2;
-  RunGpuDecode(cache, batch, /*with_lse=*/false, &out2, &lse2);
+  RunGpuDecode(cache, batch, /*with_lse=*/false, &out2, &lse2, kernel);
   EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 2));
   for (float x : lse2) EXPECT_TRUE(std::isnan(x));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, DecodeVsReference,
-                         ::testing::Values(Config{32, 8, 128, 16, ScaleMode::kPerTensor, false},
-                                           Config{32, 8, 128, 16, ScaleMode::kPerTokenHead, true},
-                                           Config{8, 4, 128, 64, ScaleMode::kPerTensor, true},
-                                           Config{8, 2, 64, 16, ScaleMode::kPerTokenHead, false},
-                                           Config{8, 1, 256, 64, ScaleMode::kPerTensor, false},
-                                           Config{64, 8, 128, 16, ScaleMode::kPerTokenHead, false},
-                                           Config{4, 4, 64, 64, ScaleMode::kPerTensor, true},
-                                           Config{32, 2, 128, 16, ScaleMode::kPerTensor, true},
-                                           Config{16, 1, 256, 16, ScaleMode::kPerTokenHead, false},
-                                           Config{12, 4, 64, 64, ScaleMode::kPerTokenHead, true},
-                                           Config{64, 8, 256, 16, ScaleMode::kPerTensor, false},
-                                           Config{8, 4, 256, 16, ScaleMode::kPerTokenHead, true},
-                                           Config{40, 8, 64, 16, ScaleMode::kPerTensor, false}),
-                         Name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DecodeVsReference,
+    ::testing::Combine(::testing::Values(Config{32, 8, 128, 16, ScaleMode::kPerTensor, false},
+                                         Config{32, 8, 128, 16, ScaleMode::kPerTokenHead, true},
+                                         Config{8, 4, 128, 64, ScaleMode::kPerTensor, true},
+                                         Config{8, 2, 64, 16, ScaleMode::kPerTokenHead, false},
+                                         Config{8, 1, 256, 64, ScaleMode::kPerTensor, false},
+                                         Config{64, 8, 128, 16, ScaleMode::kPerTokenHead, false},
+                                         Config{4, 4, 64, 64, ScaleMode::kPerTensor, true},
+                                         Config{32, 2, 128, 16, ScaleMode::kPerTensor, true},
+                                         Config{16, 1, 256, 16, ScaleMode::kPerTokenHead, false},
+                                         Config{12, 4, 64, 64, ScaleMode::kPerTokenHead, true},
+                                         Config{64, 8, 256, 16, ScaleMode::kPerTensor, false},
+                                         Config{8, 4, 256, 16, ScaleMode::kPerTokenHead, true},
+                                         Config{40, 8, 64, 16, ScaleMode::kPerTensor, false}),
+                       ::testing::Values(DecodeKernel::kV1, DecodeKernel::kV2Coarse,
+                                         DecodeKernel::kV2Fine)),
+    Name);
+
+class DecodeBatchInvariance : public ::testing::TestWithParam<DecodeKernel> {};
 
 // A request's bits do not depend on the batch: alone, first of 37, 21st of 37.
-TEST(DecodeBatchInvariance, AloneFirstAndInsideABatchOf37) {
+TEST_P(DecodeBatchInvariance, AloneFirstAndInsideABatchOf37) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  const DecodeKernel kernel = GetParam();
   for (ScaleMode mode : {ScaleMode::kPerTensor, ScaleMode::kPerTokenHead}) {
     const std::vector<int32_t> lengths = {4000, 700, 2500, 90};
     TestCache cache = BuildCache(2, 8, 128, 16, mode, lengths, 99);
@@ -111,7 +123,7 @@ TEST(DecodeBatchInvariance, AloneFirstAndInsideABatchOf37) {
       TestBatch batch = BuildBatch(cache, 32, specs);
       std::vector<uint16_t> out;
       std::vector<float> lse;
-      RunGpuDecode(cache, batch, true, &out, &lse);
+      RunGpuDecode(cache, batch, true, &out, &lse, kernel);
       const size_t row = 32 * 128;
       o->assign(out.begin() + at * row, out.begin() + (at + 1) * row);
       l->assign(lse.begin() + at * 32, lse.begin() + (at + 1) * 32);
@@ -134,6 +146,64 @@ TEST(DecodeBatchInvariance, AloneFirstAndInsideABatchOf37) {
     EXPECT_EQ(0, std::memcmp(lse_alone.data(), lse_middle.data(), lse_alone.size() * 4));
   }
 }
+
+// v2: 1 request (fine split, 2 KV heads per CTA), 8 (fine, 4 heads), 37 (coarse, 2 heads)
+// and 256 (coarse, 4 heads) containing it, and the forced splits: the same bits.
+TEST_P(DecodeBatchInvariance, OneVersus8And37And256Requests) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  const DecodeKernel kernel = GetParam();
+  for (ScaleMode mode : {ScaleMode::kPerTensor, ScaleMode::kPerTokenHead}) {
+    const std::vector<int32_t> lengths = {4000, 700, 2500, 90};
+    TestCache cache = BuildCache(1, 8, 128, 16, mode, lengths, 7);
+    for (const RequestSpec& target :
+         {RequestSpec{0, 0, 1700, false, 4242}, RequestSpec{2, 0, 2048, true, 4243}}) {
+      std::vector<RequestSpec> others;
+      for (int i = 0; i < 255; ++i)
+        others.push_back(RequestSpec{i % 4, 0, 1 + (i * 389) % 2048, i % 7 == 0,
+                                     static_cast<uint32_t>(900 + i)});
+      auto run = [&](int batch_size, int at, DecodeKernel k, std::vector<uint16_t>* o,
+                     std::vector<float>* l) {
+        std::vector<RequestSpec> specs(others.begin(), others.begin() + batch_size - 1);
+        specs.insert(specs.begin() + at, target);
+        TestBatch batch = BuildBatch(cache, 32, specs);
+        std::vector<uint16_t> out;
+        std::vector<float> lse;
+        RunGpuDecode(cache, batch, true, &out, &lse, k);
+        const size_t row = 32 * 128;
+        o->assign(out.begin() + at * row, out.begin() + (at + 1) * row);
+        l->assign(lse.begin() + at * 32, lse.begin() + (at + 1) * 32);
+      };
+      std::vector<uint16_t> alone, o;
+      std::vector<float> lse_alone, l;
+      run(1, 0, kernel, &alone, &lse_alone);
+      struct Case {
+        int size, at;
+        DecodeKernel k;
+      };
+      std::vector<Case> cases = {{8, 5, kernel},
+                                 {37, 36, kernel},
+                                 {256, 0, kernel},
+                                 {256, 131, kernel},
+                                 {256, 255, kernel}};
+      if (kernel == DecodeKernel::kV2)
+        for (DecodeKernel k : {DecodeKernel::kV2Coarse, DecodeKernel::kV2Fine})
+          cases.insert(cases.end(), {{1, 0, k}, {8, 3, k}});
+      for (const Case& c : cases) {
+        run(c.size, c.at, c.k, &o, &l);
+        EXPECT_EQ(0, std::memcmp(alone.data(), o.data(), alone.size() * 2))
+            << "batch of " << c.size << " at " << c.at << " " << KernelName(c.k);
+        EXPECT_EQ(0, std::memcmp(lse_alone.data(), l.data(), l.size() * 4))
+            << "lse, batch of " << c.size << " at " << c.at << " " << KernelName(c.k);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, DecodeBatchInvariance,
+                         ::testing::Values(DecodeKernel::kV1, DecodeKernel::kV2),
+                         [](const ::testing::TestParamInfo<DecodeKernel>& info) {
+                           return KernelName(info.param);
+                         });
 
 TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";

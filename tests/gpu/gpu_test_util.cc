@@ -270,8 +270,23 @@ TestBatch BuildBatch(const TestCache& cache, int hq, const std::vector<RequestSp
   return b;
 }
 
+std::string KernelName(cuda::DecodeKernel kernel) {
+  switch (kernel) {
+    case cuda::DecodeKernel::kV1:
+      return "v1";
+    case cuda::DecodeKernel::kV2:
+      return "v2";
+    case cuda::DecodeKernel::kV2Coarse:
+      return "v2coarse";
+    case cuda::DecodeKernel::kV2Fine:
+      return "v2fine";
+    default:
+      return "default";
+  }
+}
+
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
-                  std::vector<uint16_t>* out, std::vector<float>* lse) {
+                  std::vector<uint16_t>* out, std::vector<float>* lse, cuda::DecodeKernel kernel) {
   const int n = batch.size();
   cuda::DecodeWorkspace ws;
   ws.capacity_floats = cuda::DecodeWorkspaceFloats(n, batch.hq, batch.d, batch.max_topk);
@@ -282,8 +297,8 @@ void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
   ws.partial = partial.as<float>();
   ws.counters = counters.as<int32_t>();
   batch.Poison();
-  absl::Status s =
-      cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse), batch.max_topk, ws, 0);
+  absl::Status s = cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse),
+                                      batch.max_topk, ws, 0, kernel);
   if (!s.ok()) {
     std::fprintf(stderr, "LaunchDecode: %s\n", s.ToString().c_str());
     std::abort();

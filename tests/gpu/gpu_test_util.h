@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/decode_params.h"
 
 namespace sds::gputest {
@@ -105,9 +106,14 @@ struct TestBatch {
 
 TestBatch BuildBatch(const TestCache& cache, int hq, const std::vector<RequestSpec>& specs);
 
-// Runs LaunchDecode on the batch (workspace allocated here) and downloads out/lse.
+// Runs LaunchDecode with `kernel` on the batch (workspace allocated here) and downloads
+// out/lse.
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
-                  std::vector<uint16_t>* out, std::vector<float>* lse);
+                  std::vector<uint16_t>* out, std::vector<float>* lse,
+                  cuda::DecodeKernel kernel = cuda::DecodeKernel::kV1);
+
+// "v1", "v2", "v2coarse", "v2fine" (test names).
+std::string KernelName(cuda::DecodeKernel kernel);
 
 // Compares request b's output rows with ReferenceDecode: every element within `ulps`
 // bf16 ulps (at max(|want|, row max / 8)); rows without a valid index must be +0.
