@@ -1,6 +1,8 @@
 // AVX-512 parts of the x86 kernel (kAvx512Bf16 path): the score pass with BF16 dot
-// products and the value pass with zmm accumulators. Used by DecodeItemAvx2 when the
-// CPU has AVX-512F/BW/BF16; same FP8 -> fp16 bit trick as the AVX2 file.
+// products and the value pass with zmm accumulators, used by DecodeItemAvx2 when the
+// CPU has AVX-512F/BW/BF16 (same FP8 -> fp16 bit trick as the AVX2 file); and the fused
+// item (VBMI: keys looked up as exact bf16 with vpermi2b; one or more KV heads whose
+// token slots are read together), used by cpu_attention.cc where the shape allows.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -196,27 +198,6 @@ inline void ScoreTile(const TableKeys& lookup, const uint8_t* const* codes, cons
   }
 }
 
-// Scores of one KV head for G == kHeads through ScoreTile. scores: [G, stride].
-template <int kHeads>
-void ScorePassTable(const DecodeItem& item, int stride) {
-  constexpr int kRows = kTableRows<kHeads>;
-  const int head_dim = item.head_dim;
-  uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [G, D] bf16, permuted
-  PermuteQuery(item.q, kHeads * head_dim, query);
-  const TableKeys lookup = LoadTableKeys();
-  for (int n = 0; n < item.prefetch_rows; ++n) PrefetchRows(item, n, stride);
-  for (int n0 = 0; n0 < stride; n0 += kRows) {
-    const uint8_t* codes[kRows];
-    float factor[kRows];
-    for (int t = 0; t < kRows; ++t) {
-      PrefetchRows(item, n0 + t + item.prefetch_rows, stride);
-      codes[t] = item.k_layer + item.rows[n0 + t] * head_dim;
-      factor[t] = item.k_scale[n0 + t] * item.inv_sqrt_d;
-    }
-    ScoreTile<kHeads>(lookup, codes, query, head_dim, factor, item.scores + n0, stride);
-  }
-}
-
 // The fused item's score pass: each tile of token slots is read once for all kv_heads
 // KV heads (K codes of a slot: kv_heads * D contiguous bytes). scores: [H * G, stride].
 template <int kHeads>
@@ -355,17 +336,7 @@ void FusedValuePass(const DecodeItem& item, int stride) {
 }  // namespace
 
 void ScorePassAvx512Bf16(const DecodeItem& item, int stride) {
-  // vpermi2b (AVX-512 VBMI) lookups where the tile fits; else the fp16-trick pass.
-  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
-  if (vbmi && item.head_dim % 64 == 0 && item.group <= 4 && 4 % item.group == 0) {
-    if (item.group == 4) {
-      ScorePassTable<4>(item, stride);
-    } else if (item.group == 2) {
-      ScorePassTable<2>(item, stride);
-    } else {
-      ScorePassTable<1>(item, stride);
-    }
-  } else if (item.group % 4 == 0) {
+  if (item.group % 4 == 0) {
     ScorePassBf16<4, 16>(item, stride);
   } else if (item.group % 2 == 0) {
     ScorePassBf16<2, 16>(item, stride);
