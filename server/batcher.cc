@@ -43,29 +43,33 @@ void Batcher::Start() {
   executor_thread_ = std::thread([this] { ExecutorLoop(); });
 }
 
-absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent) {
+absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool urgent, bool* wake) {
+  if (stopping_) return absl::UnavailableError("server is draining");
+  if (counts_toward_depth && limited_in_queue_ >= options_.max_queue_depth) {
+    return absl::ResourceExhaustedError(absl::StrCat("decode queue full: ", limited_in_queue_,
+                                                     " requests waiting; retry with backoff"));
+  }
   // The assembler sleeps without a deadline only on an empty queue; otherwise it wakes
   // by itself when the oldest request's delay ends. Wake it only when this entry can
   // close a batch earlier: a context switch per request is the largest cost otherwise.
   const auto* decode = std::get_if<DecodeWork>(&entry);
-  bool wake = decode == nullptr || (options_.eager && decode->closes_batch);
+  *wake = *wake || decode == nullptr || (options_.eager && decode->closes_batch) ||
+          queue_.empty() || queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size);
+  if (counts_toward_depth) ++limited_in_queue_;
+  if (urgent) {
+    queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_in_front_), std::move(entry));
+    ++urgent_in_front_;
+  } else {
+    queue_.push_back(std::move(entry));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (stopping_) return absl::UnavailableError("server is draining");
-    if (counts_toward_depth && limited_in_queue_ >= options_.max_queue_depth) {
-      return absl::ResourceExhaustedError(absl::StrCat("decode queue full: ", limited_in_queue_,
-                                                       " requests waiting; retry with backoff"));
-    }
-    if (counts_toward_depth) ++limited_in_queue_;
-    if (urgent) {
-      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_in_front_),
-                    std::move(entry));
-      ++urgent_in_front_;
-    } else {
-      queue_.push_back(std::move(entry));
-    }
-    wake =
-        wake || queue_.size() == 1 || queue_.size() >= static_cast<size_t>(options_.max_batch_size);
+    if (absl::Status s = PushLocked(entry, counts_toward_depth, urgent, &wake); !s.ok()) return s;
   }
   {
     std::lock_guard<std::mutex> lock(outstanding_mu_);
@@ -73,6 +77,32 @@ absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent
   }
   if (wake) queue_cv_.notify_one();
   return absl::OkStatus();
+}
+
+std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works) {
+  std::vector<absl::Status> status(works->size());
+  bool wake = false;
+  int64_t queued = 0;
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    for (size_t i = 0; i < works->size(); ++i) {
+      (*works)[i].enqueued = now;
+      Entry entry(std::move((*works)[i]));
+      status[i] = PushLocked(entry, true, false, &wake);
+      if (status[i].ok()) {
+        ++queued;
+      } else {
+        (*works)[i] = std::get<DecodeWork>(std::move(entry));  // refused: hand it back
+      }
+    }
+  }
+  if (queued > 0) {
+    std::lock_guard<std::mutex> lock(outstanding_mu_);
+    outstanding_ += queued;
+  }
+  if (wake) queue_cv_.notify_one();
+  return status;
 }
 
 absl::Status Batcher::SubmitDecode(DecodeWork work) {

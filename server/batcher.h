@@ -50,6 +50,10 @@ class Batcher {
   // On error (queue full: RESOURCE_EXHAUSTED; stopped: UNAVAILABLE) nothing was
   // queued and `done` will not be called.
   absl::Status SubmitDecode(DecodeWork work);
+  // Queues several decodes under one lock, in order. Returns one status per item; an
+  // item that was queued is moved from (its `done` will run), a refused one is left
+  // intact for the caller to answer.
+  std::vector<absl::Status> SubmitDecodes(std::vector<DecodeWork>* works);
   absl::Status SubmitAppend(AppendWork work);
   // Not limited by max_queue_depth. FIFO with everything else, unless `urgent`: then it
   // runs before every queued decode (after earlier urgent work), at the next batch
@@ -74,6 +78,8 @@ class Batcher {
   };
 
   absl::Status Enqueue(Entry entry, bool counts_toward_depth, bool urgent);
+  // Requires queue_mu_. Admission check and push; true when the assembler should wake.
+  absl::Status PushLocked(Entry& entry, bool counts_toward_depth, bool urgent, bool* wake);
   void AssemblerLoop();
   void ExecutorLoop();
   // Waits until a batch may close, then takes it (or one non-decode entry).

@@ -6,12 +6,12 @@
 
 namespace sds::server {
 
-absl::Status DecodeAdmission::Submit(const std::string& tenant,
-                                     const sparse_decode::v1::DecodeRequest* request,
-                                     sparse_decode::v1::DecodeResponse* response,
-                                     Clock::time_point deadline, std::function<bool()> cancelled,
-                                     std::function<void(const absl::Status&)> done,
-                                     bool closes_batch) const {
+absl::Status DecodeAdmission::Prepare(const std::string& tenant,
+                                      const sparse_decode::v1::DecodeRequest* request,
+                                      sparse_decode::v1::DecodeResponse* response,
+                                      Clock::time_point deadline, std::function<bool()> cancelled,
+                                      std::function<void(const absl::Status&)> done,
+                                      DecodeWork* work) const {
   if (absl::Status s = ValidateDecode(*request, model_); !s.ok()) return s;
   std::string key = SequenceKey(tenant, request->sequence_id());
   const int32_t layer = request->layer();
@@ -24,20 +24,43 @@ absl::Status DecodeAdmission::Submit(const std::string& tenant,
     return absl::DeadlineExceededError("deadline passed before the request was queued");
   }
   pending_->Add(key, layer, 1);
-  DecodeWork work;
-  work.request = request;
-  work.response = response;
-  work.key = key;
-  work.deadline = deadline;
-  work.cancelled = std::move(cancelled);
-  work.closes_batch = closes_batch;
-  work.done = [pending = pending_, key, layer, done = std::move(done)](const absl::Status& s) {
+  work->request = request;
+  work->response = response;
+  work->key = key;
+  work->deadline = deadline;
+  work->cancelled = std::move(cancelled);
+  work->done = [pending = pending_, key, layer, done = std::move(done)](const absl::Status& s) {
     pending->Remove(key, layer, 1);  // after the commit: the length already includes it
     done(s);
   };
+  return absl::OkStatus();
+}
+
+absl::Status DecodeAdmission::Submit(const std::string& tenant,
+                                     const sparse_decode::v1::DecodeRequest* request,
+                                     sparse_decode::v1::DecodeResponse* response,
+                                     Clock::time_point deadline, std::function<bool()> cancelled,
+                                     std::function<void(const absl::Status&)> done) const {
+  DecodeWork work;
+  if (absl::Status s = Prepare(tenant, request, response, deadline, std::move(cancelled),
+                               std::move(done), &work);
+      !s.ok()) {
+    return s;
+  }
+  const std::string key = work.key;
+  const int32_t layer = request->layer();
   absl::Status queued = batcher_->SubmitDecode(std::move(work));
   if (!queued.ok()) pending_->Remove(key, layer, 1);
   return queued;
+}
+
+void DecodeAdmission::SubmitAll(std::vector<DecodeWork> works) const {
+  if (works.empty()) return;
+  works.back().closes_batch = true;
+  std::vector<absl::Status> queued = batcher_->SubmitDecodes(&works);
+  for (size_t i = 0; i < works.size(); ++i) {
+    if (!queued[i].ok()) works[i].done(queued[i]);  // also removes it from pending
+  }
 }
 
 }  // namespace sds::server

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "paged_cache/paged_kv_cache.h"
@@ -22,12 +23,22 @@ class DecodeAdmission {
       : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
 
   // On error nothing was queued and `done` will not be called. `request` and
-  // `response` must stay alive until `done` has run. `closes_batch`: see DecodeWork.
+  // `response` must stay alive until `done` has run.
   absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
                       sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
                       std::function<bool()> cancelled,
-                      std::function<void(const absl::Status&)> done,
-                      bool closes_batch = false) const;
+                      std::function<void(const absl::Status&)> done) const;
+
+  // The checks of Submit without the queue: on OK `work` is ready for SubmitAll (and
+  // counted as pending); on error nothing changed and `done` will not be called.
+  absl::Status Prepare(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
+                       sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
+                       std::function<bool()> cancelled,
+                       std::function<void(const absl::Status&)> done, DecodeWork* work) const;
+  // Queues prepared items in one step (the last one closes the batch under eager
+  // batching, so a DecodeBatch call's items stay together); an item the queue refuses
+  // is answered through its `done` at once.
+  void SubmitAll(std::vector<DecodeWork> works) const;
 
  private:
   Batcher* batcher_;

@@ -200,6 +200,10 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
         for (int i = 0; i < n; ++i) response->add_responses();
         auto remaining = std::make_shared<std::atomic<int>>(n);
         const Clock::time_point deadline = DeadlineOf(*context);
+        // All items are queued in one step, so that (with --eager_batching) an idle
+        // backend does not start on the first items while the rest are still checked.
+        std::vector<DecodeWork> works;
+        works.reserve(n);
         for (int i = 0; i < n; ++i) {
           const v1::DecodeRequest* item = &request->requests(i);
           v1::DecodeResponse* slot = response->mutable_responses(i);
@@ -213,13 +217,17 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
             metrics_->CountRequest(kDecodeBatchRpc, s.code());
             if (remaining->fetch_sub(1) == 1) finish(absl::OkStatus());
           };
-          // With --eager_batching the last item closes the batch: the caller sent its
-          // whole batch, waiting for the queue delay would only add latency.
-          absl::Status s = admission_.Submit(
+          DecodeWork work;
+          absl::Status s = admission_.Prepare(
               tenant, item, slot, deadline, [context] { return context->IsCancelled(); }, done,
-              /*closes_batch=*/i == n - 1);
-          if (!s.ok()) done(s);
+              &work);
+          if (s.ok()) {
+            works.push_back(std::move(work));
+          } else {
+            done(s);
+          }
         }
+        admission_.SubmitAll(std::move(works));
       },
       /*count_rpc=*/false);
 }

@@ -13,13 +13,20 @@
 namespace sds::itest {
 namespace {
 
-class DecodeTest : public ::testing::TestWithParam<ScaleMode> {
+// Scale mode, and whether the server batches eagerly (--eager_batching).
+struct DecodeTestParam {
+  ScaleMode scale_mode;
+  bool eager;
+};
+
+class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
  protected:
   void SetUp() override {
     TestModel model;
-    model.scale_mode = GetParam();
-    harness_ = std::make_unique<Harness>(
-        model, std::vector<std::string>{"--max_batch_size=16", "--max_queue_delay_us=2000"});
+    model.scale_mode = GetParam().scale_mode;
+    std::vector<std::string> flags = {"--max_batch_size=16", "--max_queue_delay_us=2000"};
+    if (GetParam().eager) flags.push_back("--eager_batching");
+    harness_ = std::make_unique<Harness>(model, flags);
     ASSERT_TRUE(harness_->ok()) << harness_->error();
   }
   std::unique_ptr<Harness> harness_;
@@ -290,10 +297,14 @@ TEST(DecodeStreamBackPressure, SlowReaderGetsEveryAnswer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
-                         ::testing::Values(ScaleMode::kPerTensor, ScaleMode::kPerTokenHead),
-                         [](const ::testing::TestParamInfo<ScaleMode>& info) {
-                           return info.param == ScaleMode::kPerTensor ? std::string("PerTensor")
-                                                                      : std::string("PerTokenHead");
+                         ::testing::Values(DecodeTestParam{ScaleMode::kPerTensor, false},
+                                           DecodeTestParam{ScaleMode::kPerTokenHead, false},
+                                           DecodeTestParam{ScaleMode::kPerTensor, true}),
+                         [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
+                           std::string name = info.param.scale_mode == ScaleMode::kPerTensor
+                                                  ? "PerTensor"
+                                                  : "PerTokenHead";
+                           return info.param.eager ? name + "Eager" : name;
                          });
 
 }  // namespace
