@@ -359,10 +359,14 @@ __global__ void __launch_bounds__(kDecodeV2MaxHeads * 32, 1)
           o[j][2 * r + 1] *= alpha_o;
         }
       }
-      const uint32_t pa0 = PackHalf2(pr[0][0], pr[0][1]);
-      const uint32_t pa2 = PackHalf2(pr[1][0], pr[1][1]);
-      const uint32_t pa1 = kRows == 16 ? PackHalf2(pr[0][2], pr[0][3]) : 0u;
-      const uint32_t pa3 = kRows == 16 ? PackHalf2(pr[1][2], pr[1][3]) : 0u;
+      // P as f16 hi + lo (PackHalf2Split): two MMAs per tile keep ~22 bits of each p.
+      uint32_t pa0, pa1 = 0u, pa2, pa3 = 0u, pl0, pl1 = 0u, pl2, pl3 = 0u;
+      PackHalf2Split(pr[0][0], pr[0][1], pa0, pl0);
+      PackHalf2Split(pr[1][0], pr[1][1], pa2, pl2);
+      if constexpr (kRows == 16) {
+        PackHalf2Split(pr[0][2], pr[0][3], pa1, pl1);
+        PackHalf2Split(pr[1][2], pr[1][3], pa3, pl3);
+      }
 
       // PV: thread (grp, tig) feeds V rows 2tig, 2tig+1, 2tig+8, 2tig+9 at d = grp*D/8 + j.
       {
@@ -401,6 +405,7 @@ __global__ void __launch_bounds__(kDecodeV2MaxHeads * 32, 1)
             float c[4] = {oj[0], oj[1], kRows == 16 ? oj[2 % (2 * kR)] : 0.0f,
                           kRows == 16 ? oj[3 % (2 * kR)] : 0.0f};
             MmaF16(c, pa0, pa1, pa2, pa3, b0[x], b1[x]);
+            MmaF16(c, pl0, pl1, pl2, pl3, b0[x], b1[x]);
             oj[0] = c[0];
             oj[1] = c[1];
             if constexpr (kRows == 16) {

@@ -24,6 +24,21 @@ __device__ __forceinline__ uint32_t PackHalf2(float first, float second) {
   return out;
 }
 
+// Two f32 -> the f16x2 words `hi` (as PackHalf2) and `lo` = the rounding residuals, so
+// that hi + lo carries about 22 significant bits. Probabilities go through the P*V MMA
+// as hi and lo: f16 alone keeps 11 bits, which left errors of 2 bf16 ulps in outputs
+// where the V rows cancel (seen in the server's integration tests on the H200).
+__device__ __forceinline__ void PackHalf2Split(float first, float second, uint32_t& hi,
+                                               uint32_t& lo) {
+  hi = PackHalf2(first, second);
+  float first_hi, second_hi;
+  asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\t"
+      "cvt.f32.f16 %1, h;\n\t}"
+      : "=f"(first_hi), "=f"(second_hi)
+      : "r"(hi));
+  lo = PackHalf2(first - first_hi, second - second_hi);
+}
+
 // c[4] += A(16x16, row) * B(16x8, col); f16 inputs, f32 accumulators.
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {

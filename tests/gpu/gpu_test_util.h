@@ -116,7 +116,7 @@ void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
 std::string KernelName(cuda::DecodeKernel kernel);
 
 // Compares request b's output rows with ReferenceDecode: every element within `ulps`
-// bf16 ulps (at max(|want|, row max / 8)); rows without a valid index must be +0.
+// bf16 ulps (at max(|want|, row max / 64)); rows without a valid index must be +0.
 // Returns "" or the first failures.
 std::string CompareWithReference(TestCache& cache, const TestBatch& batch, int b,
                                  const std::vector<uint16_t>& out, const std::vector<float>& lse,

@@ -240,7 +240,7 @@ TEST_F(ErrorsTest, ModelInfoAndHealth) {
 TEST(ErrorsStandalone, DefaultScalesAreVisible) {
   TestModel model;
   std::vector<std::string> flags = {"--num_layers=2", "--num_q_heads=8", "--num_kv_heads=4",
-                                    "--head_dim=32", "--cache_pages=64"};
+                                    "--head_dim=64", "--cache_pages=64"};
   std::string error;
   auto server = ServerProcess::Start(flags, &error);
   ASSERT_TRUE(server) << error;
