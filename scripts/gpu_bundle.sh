@@ -5,8 +5,9 @@
 #   scripts/gpu_bundle.sh --server [BUILD_DIR ...]   (default: build-e2e)
 # --server (for scripts/gpu_server_run.sh) requires decode_server, echo_server,
 # decode_loadgen and the integration tests instead of the GPU tests, strips their debug
-# info (strip --strip-debug), and adds promtool and prometheus xz-compressed
-# (bin/*.xz, cached in ~/.cache/sds_gpu_bundle) when they are installed here.
+# info (strip --strip-debug), and adds promtool xz-compressed (bin/promtool.xz, cached
+# in ~/.cache/sds_gpu_bundle) when it is installed here; prometheus too (9 MB more)
+# with GPU_BUNDLE_PROMETHEUS=1 (without it, the Prometheus scrape test skips there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 server=0
@@ -52,7 +53,9 @@ done
 if [[ $server -eq 1 ]]; then
   cache=${XDG_CACHE_HOME:-$HOME/.cache}/sds_gpu_bundle
   mkdir -p "$cache"
-  for tool in promtool prometheus; do
+  tools=(promtool)
+  [[ ${GPU_BUNDLE_PROMETHEUS:-0} == 1 ]] && tools+=(prometheus)
+  for tool in "${tools[@]}"; do
     src=$(command -v "$tool" || true)
     [[ -n $src ]] || { echo "gpu_bundle: no $tool here; its test will skip there"; continue; }
     if [[ ! -s $cache/$tool.xz || $src -nt $cache/$tool.xz ]]; then
