@@ -204,7 +204,7 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel, const std::strin
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   std::promise<grpc::Status> done;
   stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
-                 &response_buffer, [&](grpc::Status s) { done.set_value(s); });
+                 &response_buffer, [&](const grpc::Status& s) { done.set_value(s); });
   if (!done.get_future().get().ok()) return -1;
   std::vector<grpc::Slice> slices;
   response_buffer.Dump(&slices);
@@ -249,11 +249,11 @@ int FreePort() {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return ok ? ntohs(addr.sin_port) : 0;
 }
 
 void StopProcess(pid_t pid, std::chrono::milliseconds grace) {
