@@ -66,17 +66,26 @@ absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool ur
 }
 
 absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent) {
+  // Counted before it is visible to the assembler: an item that ran and completed before
+  // being counted would let Drain miss its last wake-up.
+  AddOutstanding(1);
   bool wake = false;
+  absl::Status status;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (absl::Status s = PushLocked(entry, counts_toward_depth, urgent, &wake); !s.ok()) return s;
+    status = PushLocked(entry, counts_toward_depth, urgent, &wake);
   }
-  {
-    std::lock_guard<std::mutex> lock(outstanding_mu_);
-    ++outstanding_;
+  if (!status.ok()) {
+    Completed(1);
+    return status;
   }
   if (wake) queue_cv_.notify_one();
   return absl::OkStatus();
+}
+
+void Batcher::AddOutstanding(int64_t items) {
+  std::lock_guard<std::mutex> lock(outstanding_mu_);
+  outstanding_ += items;
 }
 
 std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works) {
@@ -84,6 +93,7 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
   bool wake = false;
   int64_t queued = 0;
   const Clock::time_point now = Clock::now();
+  AddOutstanding(static_cast<int64_t>(works->size()));  // before visible, as in Enqueue
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     for (size_t i = 0; i < works->size(); ++i) {
@@ -97,10 +107,7 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
       }
     }
   }
-  if (queued > 0) {
-    std::lock_guard<std::mutex> lock(outstanding_mu_);
-    outstanding_ += queued;
-  }
+  Completed(static_cast<int64_t>(works->size()) - queued);  // the refused ones
   if (wake) queue_cv_.notify_one();
   return status;
 }

@@ -86,6 +86,7 @@ class Batcher {
   // False when stopping and the queue is empty.
   bool TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
                 std::vector<DecodeWork>* expired);
+  void AddOutstanding(int64_t items);
   void Completed(int64_t items);
 
   const BatcherOptions options_;

@@ -74,7 +74,8 @@ TEST(Drain, QueuedWorkFinishesAndTheServerExitsZero) {
   EXPECT_NE(HealthStatus(h.server().NewChannel(), ""), 1);
 
   EXPECT_EQ(h.server().WaitExit(std::chrono::seconds(12)), 0) << h.server().Log();
-  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(11));
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(11))
+      << h.server().Log();
   // The queued batches did not wait out their 2 s queue delay.
   EXPECT_NE(h.server().Log().find("draining"), std::string::npos);
 }
