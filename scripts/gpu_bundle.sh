@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bundles every binary the GPU run needs, with its non-libc shared libraries, into
-# ./gpu_bundle/{bin,lib} (ignored by git; carry it to the GPU machine, see DEVICE.md).
+# ./gpu_bundle/{bin,lib} (or $GPU_BUNDLE_OUT; ignored by git; carry it to the GPU machine,
+# see DEVICE.md).
 #   scripts/gpu_bundle.sh [BUILD_DIR ...]   (default: build-cuda, then build-cuda-priv)
 #   scripts/gpu_bundle.sh --server [BUILD_DIR ...]   (default: build-e2e)
 # --server (for scripts/gpu_server_run.sh) requires decode_server, echo_server,
@@ -19,7 +20,7 @@ dirs=("$@")
 if [[ ${#dirs[@]} -eq 0 ]]; then
   if [[ $server -eq 1 ]]; then dirs=(build-e2e); else dirs=(build-cuda build-cuda-priv); fi
 fi
-out=gpu_bundle
+out=${GPU_BUNDLE_OUT:-gpu_bundle}  # another ignored /gpu_bundle*/ name keeps bundles apart
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 wanted=(sds_gpu_tests sds_gpu_bench decode_server sds_loadgen)
