@@ -39,6 +39,7 @@ class HostPageMemory final : public PageMemory {
     constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
     const uintptr_t begin = (reinterpret_cast<uintptr_t>(ptr) + kHugePage - 1) & ~(kHugePage - 1);
     const uintptr_t end = (reinterpret_cast<uintptr_t>(ptr) + rounded) & ~(kHugePage - 1);
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): the address was rounded to a huge page.
     if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 #endif
     return ptr;

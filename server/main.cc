@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -175,10 +176,13 @@ int Run(const ServerOptions& opt) {
   service.StartDraining();
   const bool drained = batcher.Drain(deadline);
   if (!drained) spdlog::warn("drain timeout: queued work did not finish in time");
-  const auto left = deadline - Clock::now();
+  // Queued work is finished (or timed out). What is still open now is calls waiting on
+  // their clients (a DecodeStream whose client has not half-closed): give those a short
+  // grace, not the rest of the drain budget, so that the exit stays prompt.
+  const Clock::duration shutdown_grace = std::clamp<Clock::duration>(
+      deadline - Clock::now(), Clock::duration::zero(), std::chrono::seconds(1));
   server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                       std::max(left, Clock::duration::zero())));
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(shutdown_grace));
   batcher.Stop();
   http.reset();
   spdlog::info("drained{}; exiting", drained ? "" : " (with timeouts)");
