@@ -183,9 +183,7 @@ template <int kHeads, int kVecs>
 void ValuePassInRegisters(const DecodeItem& item, int stride) {
   static_assert(kHeads * kVecs == 8);
   const int head_dim = item.head_dim, num_rows = item.num_rows;
-  for (int n = 0; n < num_rows; ++n)
-    for (int h = 0; h < kHeads; ++h)
-      item.weights[n * kHeads + h] = item.scores[h * stride + n] * item.v_scale[n] * kFp16CodeScale;
+  FillValueWeights(item, kHeads, stride);
   for (int j0 = 0; j0 < head_dim; j0 += 8 * kVecs) {
     __m256 acc[kHeads][kVecs];
     for (int h = 0; h < kHeads; ++h)

@@ -53,6 +53,13 @@ void DecodeItemAvx2(const DecodeItem& item);
 // The x86 kernels dequantise FP8 through fp16 bits, giving value / 256 (see
 // cpu_attention_avx2.cc); the factor is folded back into the scales.
 inline constexpr float kFp16CodeScale = 256.0f;
+// Fills item.weights [N, heads] (row-major by row) with p * v_scale * kFp16CodeScale from
+// item.scores [heads, stride]: the value-pass weights of the x86 kernels.
+inline void FillValueWeights(const DecodeItem& item, int heads, int stride) {
+  for (int n = 0; n < item.num_rows; ++n)
+    for (int h = 0; h < heads; ++h)
+      item.weights[n * heads + h] = item.scores[h * stride + n] * item.v_scale[n] * kFp16CodeScale;
+}
 // How many rows ahead the per-KV-head x86 kernels prefetch K and V.
 inline constexpr int kPrefetchRows = 32;
 

@@ -118,11 +118,7 @@ TEST_P(BatchInvarianceTest, OutputBitsIndependentOfBatch) {
 INSTANTIATE_TEST_SUITE_P(Paths, BatchInvarianceTest,
                          ::testing::Values(CpuKernelPath::kPortable, CpuKernelPath::kAvx2,
                                            CpuKernelPath::kAvx512Bf16),
-                         [](const auto& info) {
-                           return std::string(info.param == CpuKernelPath::kPortable ? "portable"
-                                              : info.param == CpuKernelPath::kAvx2   ? "avx2"
-                                                                                   : "avx512bf16");
-                         });
+                         [](const auto& info) { return test::CpuKernelPathName(info.param); });
 
 }  // namespace
 }  // namespace sds

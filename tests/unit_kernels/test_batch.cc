@@ -12,6 +12,20 @@
 
 namespace sds::test {
 
+std::string CpuKernelPathName(CpuKernelPath path) {
+  switch (path) {
+    case CpuKernelPath::kPortable:
+      return "portable";
+    case CpuKernelPath::kAvx2:
+      return "avx2";
+    case CpuKernelPath::kAvx512Bf16:
+      return "avx512bf16";
+    case CpuKernelPath::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 CacheView HostCache::view() {
   CacheView view;
   view.geo = geo;

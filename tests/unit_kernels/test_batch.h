@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu_attention.h"
 #include "kernels/decode_params.h"
 
 namespace sds::test {
@@ -59,6 +60,9 @@ struct TestBatch {
 };
 
 TestBatch BuildBatch(const BatchSpec& spec, uint32_t seed);
+
+// Test-name suffix of an explicit kernel path ("portable", "avx2", "avx512bf16").
+std::string CpuKernelPathName(CpuKernelPath path);
 
 // Compares every output element and lse of request b with sds::ref::ReferenceDecode:
 // bf16 within `ulps` ulps (floor at 1/64 of the head row's max |ref|), lse within
