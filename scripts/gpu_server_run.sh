@@ -7,7 +7,7 @@
 # Logs, JSON and plots go into one tarball $OUT/gpu_server_run.tar.gz (plus
 # $OUT/summary.txt); the short ratio table prints last. Exit 1 on any failed test,
 # failed or empty bench run.
-#   bash scripts/gpu_server_run.sh [--bench-backend=cuda|cpu]
+#   bash scripts/gpu_server_run.sh [--bench-backend=cuda|cpu] [--tests-only]
 # Environment: OUT, SDS_TEST_BACKEND (cuda), SHAPES ("seed small"), DURATION_S (4),
 #   GPU_BUNDLE (gpu_bundle); the bench's other knobs pass through.
 set -euo pipefail
@@ -16,10 +16,12 @@ START=$(date +%s)
 B=$PWD/${GPU_BUNDLE:-gpu_bundle}
 OUT=${OUT:-/tmp/gpu_server_run_out}
 bench_backend=cuda
+tests_only=0
 for arg in "$@"; do
   case $arg in
     --bench-backend=cpu | --bench-backend=cuda) bench_backend=${arg#*=} ;;
-    *) echo "usage: $0 [--bench-backend=cuda|cpu]" >&2; exit 2 ;;
+    --tests-only) tests_only=1 ;;
+    *) echo "usage: $0 [--bench-backend=cuda|cpu] [--tests-only]" >&2; exit 2 ;;
   esac
 done
 export SDS_TEST_BACKEND=${SDS_TEST_BACKEND:-cuda}
@@ -82,11 +84,17 @@ for name in decode errors fork_release drain metrics; do
   echo "$line"
 done
 
-t "e2e bench ($bench_backend vs echo, shapes: $SHAPES)"
 bench_rc=0
-BACKEND=$bench_backend OUT_DIR=$LOGS/e2e bash bench/e2e/run_e2e_bench.sh "$B/bin" \
-  >"$LOGS/e2e_bench.log" 2>&1 || bench_rc=$?
-if [[ $bench_rc -ne 0 || ! -s $LOGS/e2e/summary.md ]]; then
+if [[ $tests_only -eq 1 ]]; then
+  summary+=("e2e bench: not run (--tests-only)")
+else
+  t "e2e bench ($bench_backend vs echo, shapes: $SHAPES)"
+  BACKEND=$bench_backend OUT_DIR=$LOGS/e2e bash bench/e2e/run_e2e_bench.sh "$B/bin" \
+    >"$LOGS/e2e_bench.log" 2>&1 || bench_rc=$?
+fi
+if [[ $tests_only -eq 1 ]]; then
+  :
+elif [[ $bench_rc -ne 0 || ! -s $LOGS/e2e/summary.md ]]; then
   failed=1
   tail -n 40 "$LOGS/e2e_bench.log"
   summary+=("e2e bench: rc=$bench_rc FAILED")
@@ -99,6 +107,6 @@ t "done"
   echo "================ summary ================"
   printf '%s\n' "${summary[@]}"
   echo "overall: $([[ $failed -eq 0 ]] && echo PASS || echo FAIL) ($(($(date +%s) - START)) s)"
-  [[ -s $LOGS/e2e/summary.md ]] && cat "$LOGS/e2e/summary.md"
+  if [[ -s $LOGS/e2e/summary.md ]]; then cat "$LOGS/e2e/summary.md"; fi
 } | tee "$OUT/summary.txt"
 exit "$failed"
