@@ -3,11 +3,13 @@
 // decode kernels on the same inputs (CUDA events, warm-up, L2 flushed before every
 // timed launch) and its ratio to the floor (minimum bytes / read-pass bandwidth), and
 // the largest v1 - v2 output difference. Prints a table; exits non-zero on any error.
-//   decode_bench [--case NAME] [--iters N] [--flush memset|read]
+//   decode_bench [--case NAME] [--iters N] [--flush memset|read] [--inputs cold|warm]
 // --flush: how L2 is emptied before each timed launch: `memset` (default, the method of
 // the first table) writes 256 MiB, which leaves ~50 MB of dirty lines in L2 that the
 // timed kernel then pays to write back; `read` reads a separate 256 MiB buffer instead,
 // leaving L2 full of clean, unrelated lines (a cold cache without the write-back debt).
+// --inputs warm: the batch's inputs are copied to the device again after the flush (as
+// the server copies them before each launch), so only the K/V cache starts cold.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -78,9 +81,11 @@ struct Flusher {
   }
 };
 
-// Median of `iters` timed runs of fn (L2 flushed before each), in microseconds.
+// Median of `iters` timed runs of fn (L2 flushed before each, then `after_flush`, both
+// outside the timed span), in microseconds.
 template <typename Fn>
-double TimeMedianUs(Fn fn, int iters, Flusher* flush, cudaStream_t s) {
+double TimeMedianUs(Fn fn, int iters, Flusher* flush, cudaStream_t s,
+                    const std::function<void()>& after_flush = {}) {
   cudaEvent_t a, b;
   Check(cudaEventCreate(&a), "event");
   Check(cudaEventCreate(&b), "event");
@@ -89,6 +94,7 @@ double TimeMedianUs(Fn fn, int iters, Flusher* flush, cudaStream_t s) {
   std::vector<float> ms;
   for (int i = 0; i < iters; ++i) {
     if (flush) flush->Run(s);
+    if (after_flush) after_flush();
     Check(cudaEventRecord(a, s), "record");
     fn();
     Check(cudaEventRecord(b, s), "record");
@@ -121,9 +127,21 @@ struct Case {
   int64_t seq_len;
   int topk;
   ScaleMode mode;
-  double goal_ratio;  // goal on time / floor (0: none)
-  double goal_us;     // goal on absolute time (0: none)
+  double goal_ratio;    // goal on time / floor (0: none)
+  double goal_us;       // goal on absolute time (0: none)
+  bool sorted = false;  // each list in position order (diagnostic of access locality)
 };
+
+// --inputs warm: after the flush, copy the batch's inputs (q, gate, indices, page tables,
+// offsets) to the device again, as the server does right before each launch, so they are
+// in L2 and only the K/V cache is cold. Default (cold): every input is flushed too.
+bool g_warm_inputs = false;
+
+template <typename T>
+void Reupload(T* device, const std::vector<T>& host, cudaStream_t s) {
+  Check(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, s),
+        "re-upload input");
+}
 
 struct Result {
   double us = 0, us_v2 = 0, floor_us = 0, min_bytes = 0;
@@ -204,6 +222,7 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
       list.resize(c.seq_len);
       std::iota(list.begin(), list.end(), 0);
       std::shuffle(list.begin(), list.end(), rng);
+      if (c.sorted) std::sort(list.begin(), list.end());
       list.resize(c.topk, -1);
     } else {
       std::vector<char> used(c.seq_len, 0);
@@ -212,6 +231,7 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
         const int64_t t = pos(rng);
         if (!used[t]) used[t] = 1, list.push_back(static_cast<int32_t>(t));
       }
+      if (c.sorted) std::sort(list.begin(), list.end());
     }
     indices.insert(indices.end(), list.begin(), list.end());
   }
@@ -246,6 +266,20 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
   const double row_bytes = 2.0 * c.d + (c.mode == ScaleMode::kPerTokenHead ? 8.0 : 0.0);
   r.min_bytes = valid * c.hkv * row_bytes + 3.0 * qn * 2 + 4.0 * c.batch * c.topk;
   r.floor_us = r.min_bytes / (read_gbs * 1e3);
+  std::function<void()> refresh;
+  if (g_warm_inputs) {
+    refresh = [&] {
+      Reupload(const_cast<uint16_t*>(batch.q), q, s);
+      Reupload(const_cast<uint16_t*>(batch.gate), gate, s);
+      Reupload(const_cast<int32_t*>(batch.layer), layer, s);
+      Reupload(const_cast<int32_t*>(batch.page_table), perm, s);
+      Reupload(const_cast<int64_t*>(batch.page_table_offset), pto, s);
+      Reupload(const_cast<int32_t*>(batch.indices), indices, s);
+      Reupload(const_cast<int64_t*>(batch.index_offset), io, s);
+      Reupload(const_cast<int32_t*>(batch.topk), topk, s);
+      Reupload(const_cast<uint8_t*>(batch.indices_per_kv_head), perkv, s);
+    };
+  }
   std::vector<uint16_t> outs[2];
   for (int k = 0; k < 2; ++k) {
     const cuda::DecodeKernel kernel = k == 0 ? cuda::DecodeKernel::kV1 : cuda::DecodeKernel::kV2;
@@ -258,7 +292,7 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
             std::exit(2);
           }
         },
-        iters, flush, s);
+        iters, flush, s, refresh);
     // Sanity: the output must be finite and not all zero.
     std::vector<uint16_t>& out = outs[k];
     out.resize(qn);
@@ -335,6 +369,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--flush") && i + 1 < argc)
       read_flush = !std::strcmp(argv[++i], "read");
+    if (!std::strcmp(argv[i], "--inputs") && i + 1 < argc)
+      g_warm_inputs = !std::strcmp(argv[++i], "warm");
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -359,10 +395,16 @@ int main(int argc, char** argv) {
       // (one chunk per KV head, no split-K merge).
       {"b1_k16_128k", 1, 32, 8, 128, 16, 131072, 16, ScaleMode::kPerTensor, 0, 0},
       {"b1_k512_128k", 1, 32, 8, 128, 16, 131072, 512, ScaleMode::kPerTensor, 0, 0},
+      // Locality diagnostics: the seed and the 64 x 2048 lists in position order (what
+      // reading whole pages in order could reach), not a goal shape.
+      {"seed_sorted", 256, 32, 8, 128, 16, 512, 512, ScaleMode::kPerTensor, 0, 0, true},
+      {"b64_sorted", 64, 32, 8, 128, 16, 32768, 2048, ScaleMode::kPerTensor, 0, 0, true},
   };
   Flusher flush(read_flush);
-  std::printf("L2 flush before each timed launch: %s\n",
-              read_flush ? "read of a separate 256 MiB buffer" : "256 MiB memset");
+  std::printf("L2 flush before each timed launch: %s; inputs %s\n",
+              read_flush ? "read of a separate 256 MiB buffer" : "256 MiB memset",
+              g_warm_inputs ? "copied again after the flush (warm, as in the server)"
+                            : "flushed with the cache (cold)");
   std::vector<std::string> lines;
   char line[256];
   const char* v2_heads = std::getenv("SDS_DECODE_V2_HEADS");

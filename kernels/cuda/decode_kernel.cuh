@@ -51,7 +51,7 @@ struct DecodeTile {
   static constexpr int kQFragBytes = kKSteps * 32 * 16;
   static constexpr int kTableBytes = kDecodeChunkTokens * 4;
   // Shared memory map (bytes).
-  // uint4 [kKSteps][32]; first holds the bf16 Q staging copy [G][D] (G * D * 2 <= 32 * D).
+  // uint4 [kKSteps][32]: the f16 Q fragments of the QK MMAs.
   static constexpr int kQFragOffset = kRingBytes;
   static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;               // int32 [chunk]
   static constexpr int kKfOffset = kRowsOffset + kTableBytes;                  // float [chunk]
@@ -65,9 +65,17 @@ struct DecodeTile {
   static constexpr int kSmemBytes = kMiscOffset + 64;
   // Scratch reused from the ring after the main loop: [warps][16][D] f32 per-warp outputs.
   static_assert(kDecodeWarps * kDecodeMaxGroup * D * 4 <= kRingBytes, "scratch");
-  static_assert(kDecodeMaxGroup * D * 2 <= kQFragBytes, "q staging");
   // Q fragments built per thread (the last round may leave threads idle).
   static constexpr int kQFragPerThread = (kKSteps * 32 + kDecodeThreads - 1) / kDecodeThreads;
+
+  // Column of (head g, column d) in a row of the per-warp output scratch. MMA thread
+  // (grp = g % 8, tig) holds columns (2 tig + c) * D/8 + j, which for fixed (c, j) all
+  // fall in one bank (a 32-way conflict per store); the XOR with (grp, tig) spreads a
+  // warp's stores over the banks and keeps d within its D/4 block (tig's bits).
+  __device__ static __forceinline__ int OutCol(int g, int d) {
+    constexpr int kMask = (D / 4 < 32 ? D / 4 : 32) - 1;
+    return d ^ (((g & 7) * 4 + d / (D / 4)) & kMask);
+  }
 
   // 16-byte piece `chunk` of ring row `row`, XOR-swizzled against bank conflicts.
   __device__ static __forceinline__ int Piece(int row, int chunk) {
@@ -198,18 +206,28 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
   }
 
   // ---- 2. Q of the G query heads of this KV head: max |q| and f16 MMA fragments. ----
+  // Each thread loads from global memory exactly the Q values of its own fragments
+  // (fragment e = (ks, lane): rows g0, g0 + 8, columns d0 .. d0 + 3); over the CTA they
+  // cover Q [G, D] once, so max |q| comes from the same registers. (A shared-memory
+  // staging copy read back per bf16 cost 16-way bank conflicts: bench/RESULTS.md.)
   {
-    const uint16_t* qg = p.q + head0 * D;                                    // [G, D] bf16
-    uint16_t* qstage = reinterpret_cast<uint16_t*>(smem + T::kQFragOffset);  // [G, D] bf16
+    const uint16_t* qg = p.q + head0 * D;  // [G, D] bf16
+    uint2 raw[T::kQFragPerThread][2];      // [it][row g0 | g0 + 8]: q[row][d0 .. d0 + 3]
     float local_max = 0.0f;
-    for (int e = tid * 8; e < G * D; e += kDecodeThreads * 8) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(qg + e);
-      *reinterpret_cast<uint4*>(qstage + e) = raw;
-      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        local_max = fmaxf(local_max, fabsf(__uint_as_float(w[i] << 16)));
-        local_max = fmaxf(local_max, fabsf(__uint_as_float(w[i] & 0xffff0000u)));
+    for (int it = 0; it < T::kQFragPerThread; ++it) {
+      const int e = min(tid + it * kDecodeThreads, T::kKSteps * 32 - 1);
+      const int ks = e >> 5, ln = e & 31, g0 = ln >> 2, d0 = (ln & 3) * (D / 4) + 4 * ks;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int g = g0 + 8 * h;
+        raw[it][h] = g < G ? *reinterpret_cast<const uint2*>(qg + g * D + d0) : make_uint2(0, 0);
+        const uint32_t w[2] = {raw[it][h].x, raw[it][h].y};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          local_max = fmaxf(local_max, fabsf(__uint_as_float(w[i] << 16)));
+          local_max = fmaxf(local_max, fabsf(__uint_as_float(w[i] & 0xffff0000u)));
+        }
       }
     }
 #pragma unroll
@@ -225,25 +243,21 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
     if (qmax > 0.0f) frexpf(qmax, &e2);
     const float qscale = qmax > 0.0f ? ldexpf(1.0f, 15 - e2) : 1.0f;
     const float qinv = qmax > 0.0f ? ldexpf(1.0f, e2 - 15) : 1.0f;
-    auto qh = [&](int g, int d) {
-      return g < G ? __uint_as_float(static_cast<uint32_t>(qstage[g * D + d]) << 16) * qscale
-                   : 0.0f;
-    };
-    // The fragments overwrite the staging copy: build them in registers first.
-    uint4 frag[T::kQFragPerThread];
+    // bf16 bits -> float times the power-of-two scale (exact), low or high half of w.
+    auto lo = [&](uint32_t w) { return __uint_as_float(w << 16) * qscale; };
+    auto hi = [&](uint32_t w) { return __uint_as_float(w & 0xffff0000u) * qscale; };
 #pragma unroll
     for (int it = 0; it < T::kQFragPerThread; ++it) {
-      const int e = min(tid + it * kDecodeThreads, T::kKSteps * 32 - 1);
-      const int ks = e >> 5, ln = e & 31, g0 = ln >> 2, d0 = (ln & 3) * (D / 4) + 4 * ks;
-      frag[it].x = PackHalf2(qh(g0, d0), qh(g0, d0 + 1));
-      frag[it].y = PackHalf2(qh(g0 + 8, d0), qh(g0 + 8, d0 + 1));
-      frag[it].z = PackHalf2(qh(g0, d0 + 2), qh(g0, d0 + 3));
-      frag[it].w = PackHalf2(qh(g0 + 8, d0 + 2), qh(g0 + 8, d0 + 3));
+      const int e = tid + it * kDecodeThreads;
+      if (e >= T::kKSteps * 32) continue;
+      const uint2 a = raw[it][0], c = raw[it][1];
+      uint4 frag;
+      frag.x = PackHalf2(lo(a.x), hi(a.x));
+      frag.y = PackHalf2(lo(c.x), hi(c.x));
+      frag.z = PackHalf2(lo(a.y), hi(a.y));
+      frag.w = PackHalf2(lo(c.y), hi(c.y));
+      qfrag[e] = frag;
     }
-    __syncthreads();
-#pragma unroll
-    for (int it = 0; it < T::kQFragPerThread; ++it)
-      if (tid + it * kDecodeThreads < T::kKSteps * 32) qfrag[tid + it * kDecodeThreads] = frag[it];
     if (tid == 0) misc[8] = qinv;
   }
   __syncthreads();
@@ -438,7 +452,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
     if constexpr (!kPerToken) m_u[r] = m_s[r];
   }
   __syncthreads();  // every warp is done with the ring: reuse it as scratch
-  float* ow = reinterpret_cast<float*>(smem);  // [warps][G][D]
+  float* ow = reinterpret_cast<float*>(smem);  // [warps][G][D], columns at T::OutCol
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int g = grp + 8 * r;
@@ -446,8 +460,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
       float* dst = ow + (warp * G + g) * D;
 #pragma unroll
       for (int j = 0; j < T::kPvTiles; ++j) {
-        dst[2 * tig * (D / 8) + j] = o[j][2 * r];
-        dst[(2 * tig + 1) * (D / 8) + j] = o[j][2 * r + 1];
+        dst[T::OutCol(g, 2 * tig * (D / 8) + j)] = o[j][2 * r];
+        dst[T::OutCol(g, (2 * tig + 1) * (D / 8) + j)] = o[j][2 * r + 1];
       }
       if (tig == 0) {
         float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
@@ -499,7 +513,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
       const float* hp = head + g * (4 + kDecodeWarps);
       float val = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) val += ow[(w * G + g) * D + d] * hp[4 + w];
+      for (int w = 0; w < kDecodeWarps; ++w)
+        val += ow[(w * G + g) * D + T::OutCol(g, d)] * hp[4 + w];
       finish(g, d, val, hp[0], hp[1], hp[2]);
     }
     return;
@@ -514,7 +529,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
     const float* hp = head + g * (4 + kDecodeWarps);
     float val = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) val += ow[(w * G + g) * D + d] * hp[4 + w];
+    for (int w = 0; w < kDecodeWarps; ++w) val += ow[(w * G + g) * D + T::OutCol(g, d)] * hp[4 + w];
     po[static_cast<int64_t>(chunk) * G * D + e] = val;
   }
   if (tid < G) {
