@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -31,12 +32,30 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+ABSL_FLAG(int32_t, drain_linger_ms, 0,
+          "on SIGTERM/SIGINT, once queued work and open streams are done, keep the port open "
+          "this long (within --drain_timeout_s), answering new RPCs UNAVAILABLE, before "
+          "closing it; for callers that have not seen NOT_SERVING yet (0 = close at once)");
 
 namespace sds::server {
 namespace {
 
 constexpr char kVersion[] = "0.1.0";
 constexpr char kServiceName[] = "sparse_decode.v1.DecodeService";
+
+// After the drain, how long gRPC's Shutdown waits for calls still in flight before it
+// cancels them (at most the rest of the drain budget).
+constexpr std::chrono::seconds kShutdownGrace{1};
+
+// Polls `done` until it holds (true) or `deadline` passes (false).
+template <typename Done>
+bool WaitUntil(Clock::time_point deadline, Done done) {
+  while (!done()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 int Fail(const std::string& line, int code = 1) {
   std::fprintf(stderr, "decode_server: %s\n", line.c_str());
@@ -67,7 +86,7 @@ ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& mode
   return config;
 }
 
-int Run(const ServerOptions& opt) {
+int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   // Signals are taken synchronously by this thread (sigwait); every other thread,
   // including gRPC's and civetweb's, inherits the blocked mask.
   sigset_t signals;
@@ -170,22 +189,42 @@ int Run(const ServerOptions& opt) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  const auto deadline = Clock::now() + std::chrono::seconds(opt.drain_timeout_s);
+  const Clock::time_point signalled = Clock::now();
+  const Clock::time_point deadline = signalled + std::chrono::seconds(opt.drain_timeout_s);
   spdlog::info("signal {}: draining (up to {} s)", signal_number, opt.drain_timeout_s);
+  // 1. Stop admitting: health NOT_SERVING; new RPCs and stream messages are answered
+  //    UNAVAILABLE by the service itself, so the port stays open until step 5.
   health->SetServingStatus(false);
   service.StartDraining();
+  // 2. Queued work runs at once (no queue delay) and is answered.
   const bool drained = batcher.Drain(deadline);
   if (!drained) spdlog::warn("drain timeout: queued work did not finish in time");
-  // Queued work is finished (or timed out). What is still open now is calls waiting on
-  // their clients (a DecodeStream whose client has not half-closed): give those a short
-  // grace, not the rest of the drain budget, so that the exit stays prompt.
-  const Clock::duration shutdown_grace = std::clamp<Clock::duration>(
-      deadline - Clock::now(), Clock::duration::zero(), std::chrono::seconds(1));
+  // 3. Open streams finish (UNAVAILABLE) once their answers are written; a slow reader
+  //    may still be taking them.
+  const bool streams_closed =
+      WaitUntil(deadline, [&service] { return service.active_streams() == 0; });
+  if (!streams_closed) {
+    spdlog::warn("drain timeout: {} streams still open", service.active_streams());
+  }
+  // 4. Optional lame-duck time for callers that have not yet seen NOT_SERVING.
+  if (drain_linger.count() > 0) {
+    std::this_thread::sleep_until(
+        std::min<Clock::time_point>(deadline, Clock::now() + drain_linger));
+  }
+  // 5. Close the port. Every call of ours has been answered: the grace (short, and
+  //    within the budget) only bounds what gRPC itself still holds. A call that arrives
+  //    while gRPC closes the port is answered CANCELLED by gRPC (grpc/grpc#41785).
+  const Clock::duration grace =
+      std::clamp<Clock::duration>(deadline - Clock::now(), Clock::duration::zero(), kShutdownGrace);
   server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::duration_cast<std::chrono::system_clock::duration>(shutdown_grace));
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(grace));
+  // 6. Nothing can submit any more: join the batcher (anything left fails UNAVAILABLE),
+  //    stop /metrics.
   batcher.Stop();
   http.reset();
-  spdlog::info("drained{}; exiting", drained ? "" : " (with timeouts)");
+  spdlog::info(
+      "drained{} in {} ms; exiting", drained && streams_closed ? "" : " (with timeouts)",
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - signalled).count());
   return 0;
 }
 
@@ -212,5 +251,11 @@ int main(int argc, char** argv) {
                  std::string(options.status().message()).c_str());
     return 2;
   }
-  return sds::server::Run(*options);
+  const int32_t drain_linger_ms = absl::GetFlag(FLAGS_drain_linger_ms);
+  if (drain_linger_ms < 0) {
+    std::fprintf(stderr, "decode_server: invalid flags: --drain_linger_ms must be >= 0 (got %d)\n",
+                 drain_linger_ms);
+    return 2;
+  }
+  return sds::server::Run(*options, std::chrono::milliseconds(drain_linger_ms));
 }

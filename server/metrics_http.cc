@@ -1,20 +1,62 @@
 #include "server/metrics_http.h"
 
 #include <civetweb.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <exception>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace sds::server {
+namespace {
+
+// The host part of a civetweb "host:port" (or "[v6]:port") address, with the wildcard
+// addresses replaced by loopback: where this process can reach its own listener.
+std::string WakeHost(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() || host == "0.0.0.0") return "127.0.0.1";
+  if (host == "::") return "::1";
+  return host;
+}
+
+// Opens and closes one connection to host:port (best effort, at most ~100 ms).
+void Knock(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return;
+  for (const addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const timeval timeout{0, 100000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(addresses);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& listen, std::function<std::string()> render) {
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->render_ = std::move(render);
+  server->wake_host_ = WakeHost(listen);
   mg_init_library(0);
   const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "2", nullptr};
   mg_callbacks callbacks;
@@ -31,7 +73,22 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
-  if (context_) mg_stop(context_);
+  if (context_ == nullptr) return;
+  // civetweb's accept thread polls its listening socket with a 2 s timeout
+  // (SOCKET_TIMEOUT_QUANTUM) and sees mg_stop's flag only when that poll returns, so
+  // mg_stop alone takes up to 2 s. A connection to our own port ends the poll; one that
+  // lands before the flag is set is taken as an empty request and closed, so knock
+  // until mg_stop has returned.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    mg_stop(context_);
+    stopped.store(true);
+  });
+  while (!stopped.load()) {
+    if (port_ > 0) Knock(wake_host_, port_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  stopper.join();
 }
 
 int MetricsHttpServer::Handle(mg_connection* connection, void* self) {

@@ -27,6 +27,7 @@ class MetricsHttpServer {
 
   std::function<std::string()> render_;
   mg_context* context_ = nullptr;
+  std::string wake_host_;  // where the destructor connects to wake civetweb's accept thread
   int port_ = 0;
 };
 
