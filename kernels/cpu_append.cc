@@ -29,6 +29,17 @@ void CpuAppend(const CacheView& cache, const AppendBatch& append) {
   const int num_kv_heads = geo.num_kv_heads;
   const int head_dim = geo.head_dim;
   const bool per_token_head = geo.scale_mode == ScaleMode::kPerTokenHead;
+  // The new tokens' slots are scattered over the cache and cold: request every line to
+  // be written first (a batch's stores then miss in parallel, not one after another).
+  const int64_t slot_bytes = static_cast<int64_t>(num_kv_heads) * head_dim;
+  for (int32_t n = 0; n < append.num_tokens; ++n) {
+    const int64_t offset =
+        static_cast<int64_t>(append.layer[n]) * geo.LayerElements() + append.slot[n] * slot_bytes;
+    for (int64_t byte = 0; byte < slot_bytes; byte += 64) {
+      __builtin_prefetch(cache.k + offset + byte, 1, 3);
+      __builtin_prefetch(cache.v + offset + byte, 1, 3);
+    }
+  }
   for (int32_t n = 0; n < append.num_tokens; ++n) {
     const int32_t layer = append.layer[n];
     const int64_t element_base = static_cast<int64_t>(layer) * geo.LayerElements();

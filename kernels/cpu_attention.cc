@@ -228,6 +228,19 @@ int HeadsPerItem(int num_requests, int num_kv_heads, int num_threads) {
   return heads;
 }
 
+// Below this many gathered K/V rows (token slot x KV head; about 50 ns each out of
+// cache) a batch runs on the calling thread: waking a pool worker costs a few
+// microseconds on each side, more than it saves, and on a machine whose cores are busy
+// with other work (the server's gRPC threads, its clients) it costs a context switch.
+constexpr int64_t kMinRowsForPool = 1024;
+
+bool SmallBatch(const DecodeBatch& batch, int num_kv_heads) {
+  int64_t rows = 0;
+  for (int b = 0; b < batch.num_requests && rows < kMinRowsForPool; ++b)
+    rows += static_cast<int64_t>(batch.topk[b]) * num_kv_heads;
+  return rows < kMinRowsForPool;
+}
+
 }  // namespace
 
 bool CpuSupportsAvx2Path() {
@@ -286,7 +299,7 @@ void CpuDecode(const CacheView& cache, const DecodeBatch& batch, CpuThreadPool* 
     block.num_heads = heads_per_item;
     RunBlock(cache, batch, block, resolved);
   };
-  if (pool != nullptr) {
+  if (pool != nullptr && !SmallBatch(batch, num_kv_heads)) {
     pool->ParallelFor(num_items, run);
   } else {
     for (int64_t item = 0; item < num_items; ++item) run(item);

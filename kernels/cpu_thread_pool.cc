@@ -1,12 +1,23 @@
 #include "kernels/cpu_thread_pool.h"
 
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
 namespace sds {
 
 CpuThreadPool::CpuThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (num_threads <= 0) num_threads = 1;
   workers_.reserve(num_threads - 1);
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 1; i < num_threads; ++i) {
+    workers_.emplace_back([this] {
+#if defined(__linux__)
+      pthread_setname_np(pthread_self(), "sds-cpu-pool");  // for top -H, perf, gdb
+#endif
+      WorkerLoop();
+    });
+  }
 }
 
 CpuThreadPool::~CpuThreadPool() {
@@ -18,11 +29,18 @@ CpuThreadPool::~CpuThreadPool() {
   for (std::thread& worker : workers_) worker.join();
 }
 
-void CpuThreadPool::RunItems() {
-  for (int64_t item = next_item_.fetch_add(1, std::memory_order_relaxed); item < job_items_;
-       item = next_item_.fetch_add(1, std::memory_order_relaxed)) {
-    (*job_)(item);
+bool CpuThreadPool::RunItems(uint32_t generation, int64_t num_items,
+                             const std::function<void(int64_t)>* fn) {
+  const uint64_t tag = static_cast<uint64_t>(generation) << 32;
+  uint64_t claim = claim_.load(std::memory_order_acquire);
+  bool last = false;
+  while ((claim >> 32) == generation && static_cast<int64_t>(claim & 0xFFFFFFFFu) < num_items) {
+    if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel)) continue;
+    (*fn)(static_cast<int64_t>(claim - tag));
+    last = done_items_.fetch_add(1, std::memory_order_acq_rel) + 1 == num_items;
+    claim = claim_.load(std::memory_order_acquire);
   }
+  return last;
 }
 
 void CpuThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t)>& fn) {
@@ -31,37 +49,43 @@ void CpuThreadPool::ParallelFor(int64_t num_items, const std::function<void(int6
     for (int64_t item = 0; item < num_items; ++item) fn(item);
     return;
   }
+  uint32_t generation;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (++generation_ == 0) ++generation_;  // 0 is the workers' "seen nothing yet"
+    generation = generation_;
     job_ = &fn;
     job_items_ = num_items;
-    next_item_.store(0, std::memory_order_relaxed);
-    busy_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    done_items_.store(0, std::memory_order_relaxed);
+    claim_.store(static_cast<uint64_t>(generation) << 32, std::memory_order_release);
   }
   work_ready_.notify_all();
-  RunItems();
+  if (RunItems(generation, num_items, &fn)) return;
+  // A worker is finishing the last items; it notifies under the lock.
   std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [this] { return busy_workers_ == 0; });
-  job_ = nullptr;
+  work_done_.wait(lock, [&] { return done_items_.load(std::memory_order_acquire) == num_items; });
 }
 
 void CpuThreadPool::WorkerLoop() {
-  uint64_t seen_generation = 0;
+  uint32_t seen_generation = 0;
   while (true) {
+    uint32_t generation;
+    const std::function<void(int64_t)>* job;
+    int64_t items;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
       if (stopping_) return;
-      seen_generation = generation_;
+      seen_generation = generation = generation_;
+      job = job_;
+      items = job_items_;
     }
-    RunItems();
-    bool last;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      last = --busy_workers_ == 0;
+    // `job` stays valid while an item of this generation is claimed and not done: the
+    // caller returns only after every item is done, and a stale claim fails.
+    if (RunItems(generation, items, job)) {
+      { std::lock_guard<std::mutex> lock(mutex_); }  // the caller is waiting or will see it
+      work_done_.notify_one();
     }
-    if (last) work_done_.notify_one();
   }
 }
 

@@ -1,6 +1,7 @@
 // The one interface between the server and the attention maths. The server fills
 // host staging buffers (allocated through AllocateStaging, so the CUDA backend can
-// pin them) and calls Run from a single executor thread; Run returns when every
+// pin them) and calls Run one call at a time (from the batcher's executor or
+// assembler thread, never both at once, ordered by a mutex); Run returns when every
 // output is in host memory. Implementations: cpu_backend (kernels/cpu_*) and
 // cuda_backend (kernels/cuda/*).
 #pragma once

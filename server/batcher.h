@@ -5,6 +5,8 @@
 // the other runs), then closes a batch when it reaches max_batch_size or when its
 // oldest request has waited max_queue_delay, and copies the request tensors into the
 // staging buffer. The executor runs batches, prefills and control work in queue order.
+// When the executor thread is idle the assembler runs the unit itself (one unit at a
+// time either way): a hand-over then buys no overlap and costs a context switch.
 // A batch holds at most one decode per (sequence, layer); a second one stays queued
 // for a later batch. With `eager`, a batch also closes at once when it holds the last
 // item of a DecodeBatch call (`DecodeWork::closes_batch`: the runner sent its whole
@@ -82,6 +84,9 @@ class Batcher {
   absl::Status PushLocked(Entry& entry, bool counts_toward_depth, bool urgent, bool* wake);
   void AssemblerLoop();
   void ExecutorLoop();
+  // Runs one unit (on the executor thread, or on the assembler's while the executor
+  // thread is idle), then frees its staging buffer and accounts for it.
+  void RunReady(Ready& ready);
   // Waits until a batch may close, then takes it (or one non-decode entry).
   // False when stopping and the queue is empty.
   bool TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
@@ -106,6 +111,7 @@ class Batcher {
   std::condition_variable ready_cv_;   // the executor waits for work
   std::vector<int> free_buffers_;
   std::deque<Ready> ready_;
+  bool executor_running_ = false;  // a unit is running (on either thread)
   bool assembler_done_ = false;
   std::atomic<int> batches_in_flight_{0};  // decode batches handed to the executor, not done
 

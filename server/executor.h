@@ -1,5 +1,7 @@
-// The executor side of the batcher: the only thread that touches cache metadata for
+// The executor side of the batcher: the only code that touches cache metadata for
 // writes (PrepareWrite copy-on-write ordering) and the only caller of Backend::Run.
+// One unit runs at a time, on the batcher's executor thread or (while that one is
+// idle) its assembler thread; the batcher's pipe mutex orders them.
 // For a decode batch it prepares each request's slot, gathers page tables, runs the
 // backend, commits the writes and completes the responses.
 #pragma once

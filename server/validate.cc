@@ -1,12 +1,13 @@
 #include "server/validate.h"
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 
 namespace sds::server {
 namespace {
@@ -19,7 +20,7 @@ std::string ShapeText(const v1::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
+std::string ShapeText(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
@@ -41,8 +42,21 @@ absl::Status CheckBytes(const char* name, const v1::Tensor& t, int64_t elements,
   return absl::OkStatus();
 }
 
+// True when none of the n bf16 values at `bytes` is NaN or Inf (all exponent bits
+// set). No early exit, so the compiler vectorises it: this runs on every element of
+// every request (2.5k elements per request at 8 q heads, D 64).
+bool AllFiniteBf16(const char* bytes, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes + 2 * i, 2);
+    bad |= static_cast<uint32_t>((bits & 0x7F80) == 0x7F80);
+  }
+  return bad == 0;
+}
+
 // bf16 tensor of exactly `shape`, no NaN or Inf.
-absl::Status CheckBf16(const char* name, const v1::Tensor& t, const std::vector<int64_t>& shape) {
+absl::Status CheckBf16(const char* name, const v1::Tensor& t, absl::Span<const int64_t> shape) {
   if (absl::Status s = CheckDtype(name, t, v1::BF16); !s.ok()) return s;
   if (!std::equal(t.shape().begin(), t.shape().end(), shape.begin(), shape.end())) {
     return Bad(absl::StrCat(name, ": shape must be ", ShapeText(shape), ", got ", ShapeText(t)));
@@ -51,7 +65,8 @@ absl::Status CheckBf16(const char* name, const v1::Tensor& t, const std::vector<
   for (int64_t dim : shape) elements *= dim;
   if (absl::Status s = CheckBytes(name, t, elements, 2); !s.ok()) return s;
   const char* bytes = t.data().data();
-  for (int64_t i = 0; i < elements; ++i) {
+  if (AllFiniteBf16(bytes, elements)) return absl::OkStatus();
+  for (int64_t i = 0; i < elements; ++i) {  // the rare bad request: find the element
     uint16_t bits;
     std::memcpy(&bits, bytes + 2 * i, 2);
     if ((bits & 0x7F80) == 0x7F80) {
@@ -59,7 +74,7 @@ absl::Status CheckBf16(const char* name, const v1::Tensor& t, const std::vector<
                               "; inputs must be finite (nothing was stored)"));
     }
   }
-  return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(name, ": finiteness checks disagree"));
 }
 
 absl::Status CheckLayer(int32_t layer, const ModelShape& model) {
@@ -113,8 +128,8 @@ absl::Status ValidateDecode(const v1::DecodeRequest& request, const ModelShape& 
   if (request.position() < 0 || request.position() > INT32_MAX) {
     return Bad(absl::StrCat("position ", request.position(), " is out of range [0, 2^31)"));
   }
-  const std::vector<int64_t> q_shape = {model.num_q_heads, model.head_dim};
-  const std::vector<int64_t> kv_shape = {model.num_kv_heads, model.head_dim};
+  const std::array<int64_t, 2> q_shape = {model.num_q_heads, model.head_dim};
+  const std::array<int64_t, 2> kv_shape = {model.num_kv_heads, model.head_dim};
   if (absl::Status s = CheckBf16("q", request.q(), q_shape); !s.ok()) return s;
   if (absl::Status s = CheckBf16("k", request.k(), kv_shape); !s.ok()) return s;
   if (absl::Status s = CheckBf16("v", request.v(), kv_shape); !s.ok()) return s;
@@ -137,7 +152,7 @@ absl::Status ValidateAppend(const v1::AppendKVRequest& request, const ModelShape
   if (request.start_position() + n > INT32_MAX) {
     return Bad("start_position + n exceeds 2^31 tokens");
   }
-  const std::vector<int64_t> shape = {n, model.num_kv_heads, model.head_dim};
+  const std::array<int64_t, 3> shape = {n, model.num_kv_heads, model.head_dim};
   if (absl::Status s = CheckBf16("k", k, shape); !s.ok()) return s;
   return CheckBf16("v", request.v(), shape);
 }
