@@ -208,30 +208,24 @@ void FusedScorePass(const DecodeItem& item, int stride) {
   uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [H * G, D] bf16, permuted
   PermuteQuery(item.q, kv_heads * kHeads * head_dim, query);
   const TableKeys lookup = LoadTableKeys();
-  // V is prefetched with K (the same slots): the value pass then starts with its rows
-  // in cache instead of paying a second round of misses after the softmax.
   for (int n = 0; n < ahead && n < stride; ++n)
-    for (int byte = 0; byte < span; byte += 64) {
+    for (int byte = 0; byte < span; byte += 64)
       __builtin_prefetch(item.k_layer + item.rows[n] * head_dim + byte, 0, 3);
-      __builtin_prefetch(item.v_layer + item.rows[n] * head_dim + byte, 0, 3);
-    }
   for (int n0 = 0; n0 < stride; n0 += kRows) {
     const uint8_t* codes[kRows];
-    int64_t future[kRows];  // element offsets of the slots `ahead` rows on (-1 past the end)
+    const uint8_t* future[kRows];  // the slots `ahead` rows on (or nullptr past the end)
     for (int t = 0; t < kRows; ++t) {
       codes[t] = item.k_layer + item.rows[n0 + t] * head_dim;
       const int n = n0 + t + ahead;
-      future[t] = n < stride ? item.rows[n] * head_dim : -1;
+      future[t] = n < stride ? item.k_layer + item.rows[n] * head_dim : nullptr;
     }
     for (int b = 0; b < kv_heads; ++b) {
       // Prefetches spread over the heads (a few lines at a time, so none are dropped):
-      // head b's D bytes of K and V of each future slot.
+      // head b's D bytes of each future slot.
       for (int t = 0; t < kRows; ++t)
-        if (future[t] >= 0)
-          for (int byte = 0; byte < head_dim; byte += 64) {
-            __builtin_prefetch(item.k_layer + future[t] + b * head_dim + byte, 0, 3);
-            __builtin_prefetch(item.v_layer + future[t] + b * head_dim + byte, 0, 3);
-          }
+        if (future[t] != nullptr)
+          for (int byte = 0; byte < head_dim; byte += 64)
+            __builtin_prefetch(future[t] + b * head_dim + byte, 0, 3);
       float factor[kRows];
       for (int t = 0; t < kRows; ++t)
         factor[t] = item.k_scale[b * stride + n0 + t] * item.inv_sqrt_d;
