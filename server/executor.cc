@@ -111,6 +111,12 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
   if (rows > 0 && run_status.ok()) {
     BatchWork work;
     staging.Describe(rows, &work);
+    // lse costs a log per query head: only when a request of the batch asked for it.
+    bool any_lse = false;
+    for (int32_t i = 0; i < n && !any_lse; ++i) {
+      any_lse = row_of[i] >= 0 && items[i].request->return_lse();
+    }
+    if (!any_lse) work.decode.lse = nullptr;
     run_status = backend_->Run(work, &timing);
     if (!run_status.ok()) {
       spdlog::error("decode batch of {} failed in the {} backend: {}", rows, backend_->name(),

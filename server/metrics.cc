@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <memory>
+#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -56,7 +57,7 @@ Histogram::Histogram(std::vector<double> upper_bounds)
 void Histogram::Observe(double value) {
   size_t bucket = 0;
   while (bucket < bounds_.size() && value > bounds_[bucket]) ++bucket;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++counts_[bucket];
   sum_ += value;
   ++count_;
@@ -67,7 +68,7 @@ void Histogram::Render(absl::string_view name, absl::string_view labels, std::st
   double sum;
   uint64_t count;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     counts = counts_;
     sum = sum_;
     count = count_;
@@ -97,33 +98,40 @@ void Metrics::ObserveBatch(int32_t batch_size, double queue_s, double compute_s,
   batch_queue_.Observe(queue_s);
   batch_compute_.Observe(compute_s);
   batch_total_.Observe(total_s);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++batches_;
 }
 
 void Metrics::CountRequest(absl::string_view rpc, absl::StatusCode code) {
-  absl::MutexLock lock(&mu_);
-  ++requests_[{std::string(rpc), StatusCodeName(code)}];
+  int index = static_cast<int>(code);
+  if (index < 0 || index >= kNumCodes) index = static_cast<int>(absl::StatusCode::kUnknown);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = requests_.find(rpc);
+  if (it == requests_.end())
+    it = requests_.emplace(std::string(rpc), std::array<uint64_t, kNumCodes>{}).first;
+  ++it->second[index];
 }
 
 void Metrics::ObserveLatency(absl::string_view rpc, double seconds) {
   Histogram* histogram;
   {
-    absl::MutexLock lock(&mu_);
-    auto& slot = latency_[std::string(rpc)];
-    if (!slot) slot = std::make_unique<Histogram>(LatencyBuckets());
-    histogram = slot.get();  // never removed, so the pointer stays valid
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = latency_.find(rpc);
+    if (it == latency_.end()) {
+      it = latency_.emplace(std::string(rpc), std::make_unique<Histogram>(LatencyBuckets())).first;
+    }
+    histogram = it->second.get();  // never removed, so the pointer stays valid
   }
   histogram->Observe(seconds);
 }
 
 void Metrics::AddTokensAppended(int64_t tokens) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   tokens_appended_ += tokens;
 }
 
 void Metrics::SetGaugeSource(std::function<GaugeValues()> source) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   gauges_ = std::move(source);
 }
 
@@ -131,14 +139,20 @@ std::string Metrics::Render() const {
   std::string out;
   std::function<GaugeValues()> source;
   uint64_t batches, tokens;
-  std::map<std::pair<std::string, std::string>, uint64_t> requests;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests;  // (rpc, code name)
   std::vector<std::pair<std::string, const Histogram*>> latency;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     source = gauges_;
     batches = batches_;
     tokens = tokens_appended_;
-    requests = requests_;
+    for (const auto& [rpc, counts] : requests_) {
+      for (int code = 0; code < kNumCodes; ++code) {
+        if (counts[code] > 0) {
+          requests[{rpc, StatusCodeName(static_cast<absl::StatusCode>(code))}] = counts[code];
+        }
+      }
+    }
     for (const auto& [rpc, histogram] : latency_) latency.emplace_back(rpc, histogram.get());
   }
   const GaugeValues gauges = source ? source() : GaugeValues{};

@@ -11,8 +11,8 @@ absl::Status PendingWrites::CheckStart(const PagedKvCache& cache, const std::str
   // before its pending count is removed) can only make the bound larger, never smaller.
   int64_t queued = 0;
   {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(std::make_pair(key, layer));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(KeyRef(key, layer));
     if (it != pending_.end()) queued = it->second;
   }
   absl::StatusOr<int64_t> length = cache.Length(key, layer);
@@ -31,13 +31,15 @@ absl::Status PendingWrites::CheckStart(const PagedKvCache& cache, const std::str
 }
 
 void PendingWrites::Add(const std::string& key, int32_t layer, int64_t tokens) {
-  absl::MutexLock lock(&mu_);
-  pending_[std::make_pair(key, layer)] += tokens;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(KeyRef(key, layer));
+  if (it == pending_.end()) it = pending_.emplace(Key(key, layer), 0).first;
+  it->second += tokens;
 }
 
 void PendingWrites::Remove(const std::string& key, int32_t layer, int64_t tokens) {
-  absl::MutexLock lock(&mu_);
-  auto it = pending_.find(std::make_pair(key, layer));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(KeyRef(key, layer));
   if (it == pending_.end()) return;
   it->second -= tokens;
   if (it->second <= 0) pending_.erase(it);

@@ -9,10 +9,12 @@
 #include <string>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
+#include <mutex>
+
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "paged_cache/paged_kv_cache.h"
 
 namespace sds::server {
@@ -27,8 +29,29 @@ class PendingWrites {
   void Remove(const std::string& key, int32_t layer, int64_t tokens);
 
  private:
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::pair<std::string, int32_t>, int64_t> pending_ ABSL_GUARDED_BY(mu_);
+  // (sequence key, layer), looked up without copying the key: every decode request
+  // does three lookups.
+  using Key = std::pair<std::string, int32_t>;
+  using KeyRef = std::pair<absl::string_view, int32_t>;
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(const Key& k) const {
+      return absl::HashOf(absl::string_view(k.first), k.second);
+    }
+    size_t operator()(const KeyRef& k) const { return absl::HashOf(k.first, k.second); }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return a.second == b.second && absl::string_view(a.first) == absl::string_view(b.first);
+    }
+  };
+
+  // std::mutex, not absl::Mutex: taken three times per request, and the packaged
+  // abseil's debug deadlock detection made each absl::Mutex lock cost a graph lookup.
+  mutable std::mutex mu_;                                      // guards pending_
+  absl::flat_hash_map<Key, int64_t, KeyHash, KeyEq> pending_;  // tokens queued
 };
 
 }  // namespace sds::server
