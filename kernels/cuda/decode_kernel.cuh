@@ -77,6 +77,15 @@ struct DecodeTile {
     return d ^ (((g & 7) * 4 + d / (D / 4)) & kMask);
   }
 
+  // Column of (head g, column d) in the output scratch when PV runs transposed (G <= 8):
+  // thread (grp, tig) holds columns grp * D/8 + [0, D/8) of heads 2 tig, 2 tig + 1; the
+  // XOR with (grp, tig) spreads a warp's stores over the banks and keeps d in its block.
+  __device__ static __forceinline__ int OutColT(int g, int d) {
+    constexpr int kBlock = D / 8 < 32 ? D / 8 : 32;  // XOR range
+    constexpr int kPer = 32 / kBlock;                // d blocks per 32 banks
+    return d ^ ((((d / (D / 8)) / kPer) * 4 + (g >> 1)) & (kBlock - 1));
+  }
+
   // 16-byte piece `chunk` of ring row `row`, XOR-swizzled against bank conflicts.
   __device__ static __forceinline__ int Piece(int row, int chunk) {
     constexpr int kMask = kRowChunks >= 8 ? 7 : kRowChunks - 1;
@@ -266,11 +275,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
   const float qinv = misc[8];
   const float kf_const = kPerToken ? 0.0f : k_layer * p.score_scale_log2 * qinv;
 
-  float o[T::kPvTiles][2 * kR];
+  // PV accumulators. G > 8: O[16 heads x 8 d] tiles, o[j][c] = (head grp + 8 (c / 2),
+  // d = (2 tig + c % 2) * D/8 + j). G <= 8 (kTransposed): O^T[16 d x 8 heads] tiles,
+  // half the MMAs of padded head rows: o[mt][c] = (d = grp * D/8 + 2 mt + c / 2,
+  // head 2 tig + c % 2).
+  constexpr bool kTransposed = kRows == 8;
+  constexpr int kAccTiles = kTransposed ? D / 16 : T::kPvTiles;
+  constexpr int kAccRegs = kTransposed ? 4 : 2 * kR;
+  float o[kAccTiles][kAccRegs];
 #pragma unroll
-  for (int j = 0; j < T::kPvTiles; ++j)
+  for (int j = 0; j < kAccTiles; ++j)
 #pragma unroll
-    for (int c = 0; c < 2 * kR; ++c) o[j][c] = 0.0f;
+    for (int c = 0; c < kAccRegs; ++c) o[j][c] = 0.0f;
   float m_s[kR], m_u[kR], l_s[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
@@ -378,10 +394,23 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
 #pragma unroll
           for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - base_u);
       }
+      if constexpr (kTransposed) {
+        // Columns are heads 2 tig, 2 tig + 1: their factors live in lanes 4 * head.
+        const float a_even = __shfl_sync(0xffffffffu, alpha_o, 8 * tig);
+        const float a_odd = __shfl_sync(0xffffffffu, alpha_o, 8 * tig + 4);
 #pragma unroll
-      for (int j = 0; j < T::kPvTiles; ++j) {
-        o[j][2 * r] *= alpha_o;
-        o[j][2 * r + 1] *= alpha_o;
+        for (int mt = 0; mt < kAccTiles; ++mt) {
+          o[mt][0] *= a_even;
+          o[mt][1] *= a_odd;
+          o[mt][2] *= a_even;
+          o[mt][3] *= a_odd;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < T::kPvTiles; ++j) {
+          o[j][2 * r] *= alpha_o;
+          o[j][2 * r + 1] *= alpha_o;
+        }
       }
     }
     // P as f16 hi + lo (PackHalf2Split): two MMAs per tile keep ~22 bits of each p.
@@ -424,18 +453,22 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
         Fp8x4ToHalf2x2(__byte_perm(w[0][k], w[1][k], 0x7362), b0[2], b0[3]);
         Fp8x4ToHalf2x2(__byte_perm(w[2][k], w[3][k], 0x5140), b1[0], b1[1]);
         Fp8x4ToHalf2x2(__byte_perm(w[2][k], w[3][k], 0x7362), b1[2], b1[3]);
+        if constexpr (kTransposed) {
+          // A = V^T rows (d0, d0 + 1) x tokens: b0[2h], b0[2h + 1] (tokens 2tig, 2tig + 1)
+          // and b1[2h], b1[2h + 1] (2tig + 8, 2tig + 9) for d0 = grp * D/8 + 4k + 2h;
+          // B = P^T: the QK accumulator layout as it stands.
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          float* oj = o[4 * k + x];
-          float c[4] = {oj[0], oj[1], kRows == 16 ? oj[2 % (2 * kR)] : 0.0f,
-                        kRows == 16 ? oj[3 % (2 * kR)] : 0.0f};
-          MmaF16(c, pa0, pa1, pa2, pa3, b0[x], b1[x]);
-          MmaF16(c, pl0, pl1, pl2, pl3, b0[x], b1[x]);
-          oj[0] = c[0];
-          oj[1] = c[1];
-          if constexpr (kRows == 16) {
-            oj[2 % (2 * kR)] = c[2];
-            oj[3 % (2 * kR)] = c[3];
+          for (int h = 0; h < 2; ++h) {
+            float(&oj)[4] = o[2 * k + h];
+            MmaF16(oj, b0[2 * h], b0[2 * h + 1], b1[2 * h], b1[2 * h + 1], pa0, pa2);
+            MmaF16(oj, b0[2 * h], b0[2 * h + 1], b1[2 * h], b1[2 * h + 1], pl0, pl2);
+          }
+        } else {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            float(&oj)[4] = o[4 * k + x];  // G > 8: kAccRegs = 4
+            MmaF16(oj, pa0, pa1, pa2, pa3, b0[x], b1[x]);
+            MmaF16(oj, pl0, pl1, pl2, pl3, b0[x], b1[x]);
           }
         }
       }
@@ -452,16 +485,33 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
     if constexpr (!kPerToken) m_u[r] = m_s[r];
   }
   __syncthreads();  // every warp is done with the ring: reuse it as scratch
-  float* ow = reinterpret_cast<float*>(smem);  // [warps][G][D], columns at T::OutCol
+  float* ow = reinterpret_cast<float*>(smem);  // [warps][G][D], columns at T::OutCol(T)
+  if constexpr (kTransposed) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int g = 2 * tig + e;
+      if (g < G) {
+        float* dst = ow + (warp * G + g) * D;
+#pragma unroll
+        for (int mt = 0; mt < kAccTiles; ++mt) {
+          const int d = grp * (D / 8) + 2 * mt;
+          dst[T::OutColT(g, d)] = o[mt][e];
+          dst[T::OutColT(g, d + 1)] = o[mt][2 + e];
+        }
+      }
+    }
+  }
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int g = grp + 8 * r;
     if (g < G) {
-      float* dst = ow + (warp * G + g) * D;
+      if constexpr (!kTransposed) {
+        float* dst = ow + (warp * G + g) * D;
 #pragma unroll
-      for (int j = 0; j < T::kPvTiles; ++j) {
-        dst[T::OutCol(g, 2 * tig * (D / 8) + j)] = o[j][2 * r];
-        dst[T::OutCol(g, (2 * tig + 1) * (D / 8) + j)] = o[j][2 * r + 1];
+        for (int j = 0; j < T::kPvTiles; ++j) {
+          dst[T::OutCol(g, 2 * tig * (D / 8) + j)] = o[j][2 * r];
+          dst[T::OutCol(g, (2 * tig + 1) * (D / 8) + j)] = o[j][2 * r + 1];
+        }
       }
       if (tig == 0) {
         float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
@@ -514,7 +564,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
       float val = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w)
-        val += ow[(w * G + g) * D + T::OutCol(g, d)] * hp[4 + w];
+        val += ow[(w * G + g) * D + (kTransposed ? T::OutColT(g, d) : T::OutCol(g, d))] * hp[4 + w];
       finish(g, d, val, hp[0], hp[1], hp[2]);
     }
     return;
@@ -529,7 +579,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
     const float* hp = head + g * (4 + kDecodeWarps);
     float val = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) val += ow[(w * G + g) * D + T::OutCol(g, d)] * hp[4 + w];
+    for (int w = 0; w < kDecodeWarps; ++w)
+      val += ow[(w * G + g) * D + (kTransposed ? T::OutColT(g, d) : T::OutCol(g, d))] * hp[4 + w];
     po[static_cast<int64_t>(chunk) * G * D + e] = val;
   }
   if (tid < G) {
