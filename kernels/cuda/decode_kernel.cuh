@@ -3,8 +3,10 @@
 // (cp.async, a ring of kStages steps per warp) and serves all G query heads of its KV head
 // through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
 //   QK: S^T[16 heads x 8 tokens] += Q[16 heads x 16 d] * K^T[16 d x 8 tokens]
-//   PV: O[16 heads x 8 d]        += P[16 heads x 16 tokens] * V[16 tokens x 8 d]
-// The QK accumulator layout is the PV A-operand layout, so P never leaves registers.
+//   PV, G > 8:  O[16 heads x 8 d]    += P[16 heads x 16 tokens] * V[16 tokens x 8 d]
+//   PV, G <= 8: O^T[16 d x 8 heads]  += V^T[16 d x 16 tokens] * P^T[16 tokens x 8 heads]
+// The QK accumulator layout is the PV A-operand layout (G > 8) and the P^T B-operand
+// layout (G <= 8, no padded head rows), so P never leaves registers.
 // Online softmax in base 2. In per_token_head mode the V scale is folded into the
 // exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
 // A request with several chunks writes f32 partials; the last CTA of its (request,
