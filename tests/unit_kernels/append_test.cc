@@ -109,5 +109,52 @@ TEST(CpuAppendTest, PerTokenHeadRowMaximumMapsTo448) {
   }
 }
 
+// Every finite bf16 value, appended in rows of D = 64 (the vectorised path on AVX-512
+// machines, D % 16 == 0), must store the same byte as the scalar definition, at scales
+// that reach saturation, every normal and subnormal code, and zero.
+TEST(CpuAppendTest, EveryFiniteBf16MatchesTheScalarDefinition) {
+  constexpr int kD = 64;
+  std::vector<uint16_t> values;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits)
+    if ((bits & 0x7F80) != 0x7F80) values.push_back(static_cast<uint16_t>(bits));
+  while (values.size() % kD != 0) values.push_back(0);
+  const int n = static_cast<int>(values.size() / kD);
+  for (ScaleMode mode : {ScaleMode::kPerTensor, ScaleMode::kPerTokenHead}) {
+    for (float layer_scale : {1.0f, 0.0123f, 3.0e-30f, 700.0f, 1.0f / 512.0f}) {
+      SCOPED_TRACE(testing::Message()
+                   << "mode " << static_cast<int>(mode) << " scale " << layer_scale);
+      test::HostCache cache;
+      cache.geo = CacheGeometry{1, 1, kD, 64, (n + 63) / 64, mode};
+      cache.k.assign(cache.geo.LayerElements(), 0xAA);
+      cache.v.assign(cache.geo.LayerElements(), 0xAA);
+      cache.k_token_scale.assign(cache.geo.LayerScales(), -5.0f);
+      cache.v_token_scale.assign(cache.geo.LayerScales(), -5.0f);
+      cache.layer_k_scale = {layer_scale};
+      cache.layer_v_scale = {layer_scale};
+      std::vector<int32_t> layer(n, 0);
+      std::vector<int64_t> slot(n);
+      for (int i = 0; i < n; ++i) slot[i] = i;
+      CpuAppend(cache.view(),
+                AppendBatch{n, values.data(), values.data(), layer.data(), slot.data()});
+      for (int i = 0; i < n; ++i) {
+        float scale = layer_scale;
+        if (mode == ScaleMode::kPerTokenHead) {
+          float max_abs = 0;
+          for (int j = 0; j < kD; ++j)
+            max_abs = std::fmax(max_abs, std::fabs(Bf16ToFloat(values[i * kD + j])));
+          scale = PerTokenHeadScale(max_abs);
+          ASSERT_EQ(cache.k_token_scale[i], scale) << "row " << i;
+        }
+        for (int j = 0; j < kD; ++j) {
+          const uint16_t x = values[i * kD + j];
+          ASSERT_EQ(cache.k[i * kD + j], FloatToFp8E4m3(Bf16ToFloat(x) / scale))
+              << "bf16 0x" << std::hex << x;
+          ASSERT_EQ(cache.v[i * kD + j], cache.k[i * kD + j]);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sds
