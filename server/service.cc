@@ -238,6 +238,7 @@ grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeServiceImp
   env.admission = &admission_;
   env.metrics = metrics_;
   env.draining = &draining_;
+  env.call_bytes = DecodeCallBytes(config_.model);
   env.on_done = [this](DecodeStreamReactor* stream) {
     std::lock_guard<std::recursive_mutex> lock(streams_mu_);
     streams_.erase(stream);

@@ -28,20 +28,43 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context, E
   StartNextReadLocked();
 }
 
+google::protobuf::ArenaOptions DecodeStreamReactor::Call::Options(char* block, size_t bytes) {
+  google::protobuf::ArenaOptions options;
+  options.initial_block = block;
+  options.initial_block_size = bytes;
+  options.start_block_size = bytes;  // beyond the first block (a larger message): heap
+  options.max_block_size = 8 * bytes;
+  return options;
+}
+
+DecodeStreamReactor::Call::Call(size_t bytes)
+    : block(new char[bytes]), arena(Options(block.get(), bytes)) {
+  CreateMessages();
+}
+
+void DecodeStreamReactor::Call::CreateMessages() {
+  request = google::protobuf::Arena::CreateMessage<v1::DecodeRequest>(&arena);
+  response = google::protobuf::Arena::CreateMessage<v1::DecodeResponse>(&arena);
+}
+
+void DecodeStreamReactor::Call::Reset() {
+  arena.Reset();  // frees any extra blocks, keeps the first
+  CreateMessages();
+}
+
 void DecodeStreamReactor::StartNextReadLocked() {
   if (free_calls_.empty()) {
-    reading_ = std::make_unique<Call>();
+    reading_ = std::make_unique<Call>(env_.call_bytes);
   } else {
     reading_ = std::move(free_calls_.back());
     free_calls_.pop_back();
   }
-  StartRead(&reading_->request);
+  StartRead(reading_->request);
 }
 
 void DecodeStreamReactor::RecycleLocked(std::unique_ptr<Call> call) {
   if (free_calls_.size() >= kMaxFreeCalls) return;
-  call->request.Clear();
-  call->response.Clear();
+  call->Reset();
   free_calls_.push_back(std::move(call));
 }
 
@@ -89,7 +112,7 @@ void DecodeStreamReactor::Submit(Call* call) {
       status = absl::UnavailableError("server is draining");
     } else {
       status = env_.admission->Submit(
-          tenant_, &call->request, &call->response, DeadlineOf(*context_),
+          tenant_, call->request, call->response, DeadlineOf(*context_),
           [this] { return context_->IsCancelled(); },
           [this, call](const absl::Status& s) { Answer(call, s); });
     }
@@ -103,14 +126,14 @@ void DecodeStreamReactor::Submit(Call* call) {
 void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
   std::unique_ptr<Call> call(raw_call);
   if (!status.ok()) {
-    v1::DecodeResponse* response = &call->response;
+    v1::DecodeResponse* response = call->response;
     response->Clear();
-    response->set_request_id(call->request.request_id());
+    response->set_request_id(call->request->request_id());
     response->set_error_code(static_cast<int32_t>(status.code()));
     response->set_error_message(std::string(status.message()));
     if (status.code() == absl::StatusCode::kInternal) {
-      spdlog::error("DecodeStream request {} of '{}': {}", call->request.request_id(),
-                    call->request.sequence_id(), status.ToString());
+      spdlog::error("DecodeStream request {} of '{}': {}", call->request->request_id(),
+                    call->request->sequence_id(), status.ToString());
     }
   }
   env_.metrics->CountRequest(kRpc, status.code());
@@ -122,7 +145,7 @@ void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
     writes_.push_back(std::move(call));
     if (!writing_) {
       writing_ = true;
-      StartWrite(&writes_.front()->response);
+      StartWrite(writes_.front()->response);
     }
   } else {
     RecycleLocked(std::move(call));
@@ -140,7 +163,7 @@ void DecodeStreamReactor::OnWriteDone(bool ok) {
     writes_.clear();
   }
   if (!writes_.empty()) {
-    StartWrite(&writes_.front()->response);
+    StartWrite(writes_.front()->response);
   } else {
     writing_ = false;
   }
