@@ -141,14 +141,23 @@ struct TableKeys {
   }
 };
 
-// query: [G, D] bf16 -> permuted: [G, D] bf16 in the order TableKeys produces, per 64.
+// query: [G, D] bf16 -> permuted: [G, D] bf16 in the order TableKeys produces, per 64:
+// permuted[base + k] = query[base + (k / 8) * 16 + k % 8] and permuted[base + 32 + k] =
+// the element 8 further on (k < 32), two vpermt2w per 64 elements.
 void PermuteQuery(const uint16_t* query, int elements, uint16_t* permuted) {
-  for (int base = 0; base < elements; base += 64)
-    for (int k = 0; k < 32; ++k) {
-      const int source = base + (k / 8) * 16 + k % 8;
-      permuted[base + k] = query[source];
-      permuted[base + 32 + k] = query[source + 8];
-    }
+  alignas(64) uint16_t first[32], second[32];
+  for (int k = 0; k < 32; ++k) {
+    first[k] = static_cast<uint16_t>((k / 8) * 16 + k % 8);
+    second[k] = static_cast<uint16_t>(first[k] + 8);
+  }
+  const __m512i first_index = _mm512_load_si512(first);
+  const __m512i second_index = _mm512_load_si512(second);
+  for (int base = 0; base < elements; base += 64) {
+    const __m512i low = _mm512_loadu_si512(query + base);
+    const __m512i high = _mm512_loadu_si512(query + base + 32);
+    _mm512_storeu_si512(permuted + base, _mm512_permutex2var_epi16(low, first_index, high));
+    _mm512_storeu_si512(permuted + base + 32, _mm512_permutex2var_epi16(low, second_index, high));
+  }
 }
 
 TableKeys LoadTableKeys() {
