@@ -43,8 +43,8 @@ namespace {
 constexpr char kVersion[] = "0.1.0";
 constexpr char kServiceName[] = "sparse_decode.v1.DecodeService";
 
-// After the drain, how long gRPC's Shutdown waits for calls still in flight before it
-// cancels them (at most the rest of the drain budget).
+// After the drain, how long gRPC's Shutdown may wait for its connections to close
+// before it cancels what is left (at most the rest of the drain budget).
 constexpr std::chrono::seconds kShutdownGrace{1};
 
 // Polls `done` until it holds (true) or `deadline` passes (false).
@@ -211,9 +211,11 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
     std::this_thread::sleep_until(
         std::min<Clock::time_point>(deadline, Clock::now() + drain_linger));
   }
-  // 5. Close the port. Every call of ours has been answered: the grace (short, and
-  //    within the budget) only bounds what gRPC itself still holds. A call that arrives
-  //    while gRPC closes the port is answered CANCELLED by gRPC (grpc/grpc#41785).
+  // 5. Close the port. Every call of ours has been answered; what gRPC may still wait
+  //    for is answers being flushed and, on each connected client, the GOAWAY handshake
+  //    (a PING that an idle client that is not polling its channel answers late), so
+  //    the grace is short, and within the budget. A call that arrives while gRPC closes
+  //    the port is answered CANCELLED by gRPC itself (grpc/grpc#41785).
   const Clock::duration grace =
       std::clamp<Clock::duration>(deadline - Clock::now(), Clock::duration::zero(), kShutdownGrace);
   server->Shutdown(std::chrono::system_clock::now() +
