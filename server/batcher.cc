@@ -258,15 +258,22 @@ void Batcher::AssemblerLoop() {
       ready.single = std::move(single);
     }
     const bool has_work = ready.buffer >= 0 || ready.single != nullptr;
+    // Work already waiting means load: hand the unit over so that the next batch is
+    // assembled while this one runs.
+    bool queue_empty = false;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      queue_empty = queue_.empty();
+    }
     bool run_here = false;
     {
       std::lock_guard<std::mutex> lock(pipe_mu_);
       if (ready.buffer < 0) free_buffers_.push_back(buffer);
-      // An idle executor thread has nothing to overlap: run the unit here instead of
-      // paying a wake-up and a context switch for the hand-over. Only this thread
-      // fills ready_, so the executor thread stays idle until this unit is done, and
-      // units still run one at a time in queue order.
-      run_here = has_work && ready_.empty() && !executor_running_;
+      // Nothing waiting and an idle executor thread: there is nothing to overlap, so run
+      // the unit here instead of paying a wake-up and a context switch for the
+      // hand-over. Only this thread fills ready_, so the executor thread stays idle
+      // until this unit is done, and units still run one at a time in queue order.
+      run_here = has_work && queue_empty && ready_.empty() && !executor_running_;
       if (run_here) executor_running_ = true;
       if (has_work && !run_here) ready_.push_back(std::move(ready));
       if (!more) assembler_done_ = true;

@@ -70,8 +70,8 @@ struct DecodeTile {
   // Q fragments built per thread (the last round may leave threads idle).
   static constexpr int kQFragPerThread = (kKSteps * 32 + kDecodeThreads - 1) / kDecodeThreads;
 
-  // Column of (head g, column d) in a row of the per-warp output scratch. MMA thread
-  // (grp = g % 8, tig) holds columns (2 tig + c) * D/8 + j, which for fixed (c, j) all
+  // Column of (head g, column d) in a row of the per-warp output scratch (G > 8). MMA
+  // thread (grp = g % 8, tig) holds columns (2 tig + c) * D/8 + j, which for fixed (c, j) all
   // fall in one bank (a 32-way conflict per store); the XOR with (grp, tig) spreads a
   // warp's stores over the banks and keeps d within its D/4 block (tig's bits).
   __device__ static __forceinline__ int OutCol(int g, int d) {
