@@ -45,7 +45,8 @@ bool CpuThreadPool::RunItems(uint32_t generation, int64_t num_items,
 
 void CpuThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t)>& fn) {
   if (num_items <= 0) return;
-  if (workers_.empty() || num_items == 1) {
+  // Claims carry the item index in 32 bits: larger jobs run on the calling thread.
+  if (workers_.empty() || num_items == 1 || num_items >= (int64_t{1} << 32)) {
     for (int64_t item = 0; item < num_items; ++item) fn(item);
     return;
   }

@@ -31,7 +31,8 @@ class CpuThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(item) for every item in [0, num_items) and returns when all are done.
-  // Not reentrant: one ParallelFor at a time. num_items < 2^32.
+  // Not reentrant: one ParallelFor at a time. Jobs of 2^32 items or more run on the
+  // calling thread (a claim holds the item index in 32 bits).
   void ParallelFor(int64_t num_items, const std::function<void(int64_t)>& fn);
 
  private:

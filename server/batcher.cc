@@ -273,7 +273,11 @@ void Batcher::AssemblerLoop() {
       // the unit here instead of paying a wake-up and a context switch for the
       // hand-over. Only this thread fills ready_, so the executor thread stays idle
       // until this unit is done, and units still run one at a time in queue order.
-      run_here = has_work && queue_empty && ready_.empty() && !executor_running_;
+      // A prefill (AppendWork) may be long: it always goes to the executor thread, so
+      // that decodes arriving meanwhile are still assembled.
+      const bool prefill =
+          ready.single != nullptr && std::holds_alternative<AppendWork>(*ready.single);
+      run_here = has_work && !prefill && queue_empty && ready_.empty() && !executor_running_;
       if (run_here) executor_running_ = true;
       if (has_work && !run_here) ready_.push_back(std::move(ready));
       if (!more) assembler_done_ = true;

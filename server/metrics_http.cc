@@ -19,11 +19,13 @@
 namespace sds::server {
 namespace {
 
-// The host part of a civetweb "host:port" (or "[v6]:port") address, with the wildcard
-// addresses replaced by loopback: where this process can reach its own listener.
+// The host part of the first listener of a civetweb "listening_ports" list ("host:port",
+// "[v6]:port" or "port", comma-separated), with the wildcard addresses replaced by
+// loopback: where this process can reach its own listener.
 std::string WakeHost(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  const std::string first = listen.substr(0, listen.find(','));
+  const size_t colon = first.rfind(':');
+  std::string host = colon == std::string::npos ? "" : first.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
@@ -32,22 +34,15 @@ std::string WakeHost(const std::string& listen) {
   return host;
 }
 
-// Opens and closes one connection to host:port (best effort, at most ~100 ms).
-void Knock(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* addresses = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return;
-  for (const addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (fd < 0) continue;
-    const timeval timeout{0, 100000};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-    close(fd);
-    if (connected) break;
-  }
-  freeaddrinfo(addresses);
+// Opens and closes one connection to `address` (best effort, at most ~100 ms).
+void Knock(const std::vector<unsigned char>& address, int family) {
+  const int fd = socket(family, SOCK_STREAM, 0);
+  if (fd < 0) return;
+  const timeval timeout{0, 100000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  connect(fd, reinterpret_cast<const sockaddr*>(address.data()),
+          static_cast<socklen_t>(address.size()));
+  close(fd);
 }
 
 }  // namespace
@@ -56,7 +51,6 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& listen, std::function<std::string()> render) {
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->render_ = std::move(render);
-  server->wake_host_ = WakeHost(listen);
   mg_init_library(0);
   const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "2", nullptr};
   mg_callbacks callbacks;
@@ -69,6 +63,25 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   mg_set_request_handler(server->context_, "/metrics", &MetricsHttpServer::Handle, server.get());
   mg_server_port ports[4];
   if (mg_get_server_ports(server->context_, 4, ports) > 0) server->port_ = ports[0].port;
+  if (server->port_ > 0) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    addrinfo* address = nullptr;
+    const std::string host = WakeHost(listen);
+    if (getaddrinfo(host.c_str(), std::to_string(server->port_).c_str(), &hints, &address) == 0 &&
+        address != nullptr) {
+      const auto* bytes = reinterpret_cast<const unsigned char*>(address->ai_addr);
+      server->wake_address_.assign(bytes, bytes + address->ai_addrlen);
+      server->wake_family_ = address->ai_family;
+      freeaddrinfo(address);
+    } else {
+      spdlog::debug(
+          "/metrics: no numeric address to wake the listener at '{}'; stopping it "
+          "will wait for civetweb's poll",
+          host);
+    }
+  }
   return server;
 }
 
@@ -79,13 +92,24 @@ MetricsHttpServer::~MetricsHttpServer() {
   // mg_stop alone takes up to 2 s. A connection to our own port ends the poll; one that
   // lands before the flag is set is taken as an empty request and closed, so knock
   // until mg_stop has returned.
-  std::atomic<bool> stopped{false};
-  std::thread stopper([this, &stopped] {
+  if (wake_address_.empty()) {
     mg_stop(context_);
-    stopped.store(true);
-  });
+    return;
+  }
+  std::atomic<bool> stopped{false};
+  std::thread stopper;
+  try {
+    stopper = std::thread([this, &stopped] {
+      mg_stop(context_);
+      stopped.store(true);
+    });
+  } catch (const std::exception& e) {  // no thread to spare: stop without the knocks
+    spdlog::warn("/metrics: stopping without waking the listener: {}", e.what());
+    mg_stop(context_);
+    return;
+  }
   while (!stopped.load()) {
-    if (port_ > 0) Knock(wake_host_, port_);
+    Knock(wake_address_, wake_family_);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   stopper.join();

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -27,7 +28,11 @@ class MetricsHttpServer {
 
   std::function<std::string()> render_;
   mg_context* context_ = nullptr;
-  std::string wake_host_;  // where the destructor connects to wake civetweb's accept thread
+  // Where the destructor connects to wake civetweb's accept thread: the first listener,
+  // resolved once at start (numeric only, so stopping never waits on DNS); empty when it
+  // could not be resolved (the stop then takes civetweb's own poll, up to 2 s).
+  std::vector<unsigned char> wake_address_;  // a sockaddr of wake_family_
+  int wake_family_ = 0;
   int port_ = 0;
 };
 

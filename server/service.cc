@@ -60,11 +60,13 @@ grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Metrics* m
 constexpr char kDecodeBatchRpc[] = "DecodeBatch";
 
 // Bytes of one decode request and its response at this model shape (bf16 q, gate, k, v
-// and out; int32 indices at max_topk; lse), plus room for the small fields.
+// and out; int32 indices at max_topk per KV head, the largest list form; lse), plus room
+// for the small fields.
 size_t DecodeCallBytes(const ModelShape& m) {
   const size_t q = size_t{2} * m.num_q_heads * m.head_dim;
   const size_t kv = size_t{2} * m.num_kv_heads * m.head_dim;
-  return 3 * q + 2 * kv + size_t{4} * m.max_topk + size_t{4} * m.num_q_heads + 2048;
+  const size_t indices = size_t{4} * m.max_topk * m.num_kv_heads;
+  return 3 * q + 2 * kv + indices + size_t{4} * m.num_q_heads + 2048;
 }
 
 absl::Status NotFound(const std::string& sequence_id) {
@@ -266,7 +268,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::ForkSequence(grpc::CallbackServerCo
         const std::string src = SequenceKey(tenant, src_id);
         const std::string dst = SequenceKey(tenant, dst_id);
         ControlWork work;
-        // On the executor thread, so the fork sees every write queued before it.
+        // Runs between batches in queue order, so the fork sees every write queued before it.
         work.run = [this, finish, src, dst, src_id, dst_id] {
           absl::Status s = backend_->cache().ForkSequence(src, dst);
           if (s.code() == absl::StatusCode::kNotFound) s = NotFound(src_id);
@@ -297,7 +299,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::ReleaseSequence(
                  }
                  const std::string key = SequenceKey(tenant, id);
                  ControlWork work;
-                 // On the executor thread, ahead of queued decodes: no launched batch
+                 // Runs between batches, ahead of queued decodes: no launched batch
                  // can read the freed pages, and the sequence's queued decodes fail
                  // NOT_FOUND at PrepareWrite.
                  work.run = [this, finish, response, key, id] {

@@ -40,7 +40,8 @@ struct AppendWork {
 };
 
 // Cache metadata changes (fork, release) that must be ordered with launched batches:
-// they run on the executor thread, between batches, in queue order.
+// they run between batches, one unit at a time in queue order (on the executor thread,
+// or on the assembler's when nothing else is queued).
 struct ControlWork {
   std::function<void()> run;
   std::function<void(const absl::Status&)> fail;  // instead of run, when stopped

@@ -487,7 +487,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
     if constexpr (!kPerToken) m_u[r] = m_s[r];
   }
   __syncthreads();  // every warp is done with the ring: reuse it as scratch
-  float* ow = reinterpret_cast<float*>(smem);  // [warps][G][D], columns at T::OutCol(T)
+  // [warps][G][D], columns at T::OutColT (G <= 8) or T::OutCol (G > 8).
+  float* ow = reinterpret_cast<float*>(smem);
   if constexpr (kTransposed) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
