@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -40,8 +41,11 @@ void Knock(const std::vector<unsigned char>& address, int family) {
   if (fd < 0) return;
   const timeval timeout{0, 100000};
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-  connect(fd, reinterpret_cast<const sockaddr*>(address.data()),
-          static_cast<socklen_t>(address.size()));
+  // Best effort: when it fails (the listener already closed), mg_stop returns anyway.
+  if (connect(fd, reinterpret_cast<const sockaddr*>(address.data()),
+              static_cast<socklen_t>(address.size())) != 0) {
+    spdlog::trace("/metrics: wake-up connect failed, errno {}", errno);
+  }
   close(fd);
 }
 
