@@ -84,22 +84,20 @@ for name in decode errors fork_release drain metrics; do
   echo "$line"
 done
 
-bench_rc=0
 if [[ $tests_only -eq 1 ]]; then
   summary+=("e2e bench: not run (--tests-only)")
 else
   t "e2e bench ($bench_backend vs echo, shapes: $SHAPES)"
+  bench_rc=0
   BACKEND=$bench_backend OUT_DIR=$LOGS/e2e bash bench/e2e/run_e2e_bench.sh "$B/bin" \
     >"$LOGS/e2e_bench.log" 2>&1 || bench_rc=$?
-fi
-if [[ $tests_only -eq 1 ]]; then
-  :
-elif [[ $bench_rc -ne 0 || ! -s $LOGS/e2e/summary.md ]]; then
-  failed=1
-  tail -n 40 "$LOGS/e2e_bench.log"
-  summary+=("e2e bench: rc=$bench_rc FAILED")
-else
-  summary+=("e2e bench: rc=0")
+  if [[ $bench_rc -ne 0 || ! -s $LOGS/e2e/summary.md ]]; then
+    failed=1
+    tail -n 40 "$LOGS/e2e_bench.log"
+    summary+=("e2e bench: rc=$bench_rc FAILED")
+  else
+    summary+=("e2e bench: rc=0")
+  fi
 fi
 t "done"
 

@@ -88,6 +88,12 @@ struct DecodeTile {
     return d ^ ((((d / (D / 8)) / kPer) * 4 + (g >> 1)) & (kBlock - 1));
   }
 
+  // Column of (head g, column d) in the output scratch for the PV layout in use.
+  template <bool kTransposedPv>
+  __device__ static __forceinline__ int ScratchCol(int g, int d) {
+    return kTransposedPv ? OutColT(g, d) : OutCol(g, d);
+  }
+
   // 16-byte piece `chunk` of ring row `row`, XOR-swizzled against bank conflicts.
   __device__ static __forceinline__ int Piece(int row, int chunk) {
     constexpr int kMask = kRowChunks >= 8 ? 7 : kRowChunks - 1;
@@ -567,7 +573,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
       float val = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w)
-        val += ow[(w * G + g) * D + (kTransposed ? T::OutColT(g, d) : T::OutCol(g, d))] * hp[4 + w];
+        val += ow[(w * G + g) * D + T::template ScratchCol<kTransposed>(g, d)] * hp[4 + w];
       finish(g, d, val, hp[0], hp[1], hp[2]);
     }
     return;
@@ -583,7 +589,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
     float val = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w)
-      val += ow[(w * G + g) * D + (kTransposed ? T::OutColT(g, d) : T::OutCol(g, d))] * hp[4 + w];
+      val += ow[(w * G + g) * D + T::template ScratchCol<kTransposed>(g, d)] * hp[4 + w];
     po[static_cast<int64_t>(chunk) * G * D + e] = val;
   }
   if (tid < G) {
