@@ -16,12 +16,14 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "server/backend.h"
 #include "server/cuda/device_buffer.h"
+#include "server/cuda/input_upload.h"
 
 namespace sds {
 namespace {
 
 using cuda::CudaCall;
 using cudabackend::DeviceBuffer;
+using cudabackend::InputUpload;
 
 // Device memory for the cache pool; Copy/Zero are enqueued on the backend stream so
 // that they are ordered with the kernels.
@@ -98,6 +100,9 @@ class CudaBackend : public Backend {
           !s.ok())
         return s;
     }
+    if (config_.max_topk > cuda::DecodeMaxTopK())
+      return absl::InvalidArgumentError(absl::StrCat("CUDA backend: max_topk ", config_.max_topk,
+                                                     " exceeds ", cuda::DecodeMaxTopK()));
     // Split-K workspace for the largest batch.
     const int32_t hkv = config_.cache.num_kv_heads;
     workspace_.capacity_floats = cuda::DecodeWorkspaceFloats(
@@ -178,30 +183,45 @@ class CudaBackend : public Backend {
   absl::Status Enqueue(const BatchWork& work) {
     const CacheView view = DeviceView();
     const CacheGeometry& geo = view.geo;
+    const AppendBatch& a = work.append;
+    const DecodeBatch& d = work.decode;
+    // Inputs in upload order: append k, v, layers, slots; then the decode inputs.
+    std::vector<InputUpload::Input> inputs;
+    if (a.num_tokens > 0) {
+      const size_t n = a.num_tokens;
+      const size_t row = static_cast<size_t>(geo.num_kv_heads) * geo.head_dim;
+      inputs.push_back({&k_new_, a.k_new, 2 * n * row, "appended k"});
+      inputs.push_back({&v_new_, a.v_new, 2 * n * row, "appended v"});
+      inputs.push_back({&a_layer_, a.layer, 4 * n, "append layers"});
+      inputs.push_back({&a_slot_, a.slot, 8 * n, "append slots"});
+    }
+    int32_t max_topk = 0;
+    if (d.num_requests > 0) {
+      if (absl::Status s = AddDecodeInputs(geo, d, &inputs, &max_topk); !s.ok()) return s;
+    }
     if (absl::Status s = CudaCall(cudaEventRecord(start_, stream_), "event record"); !s.ok())
       return s;
-    const AppendBatch& a = work.append;
+    std::vector<void*> dev;
+    if (absl::Status s = upload_.Upload(inputs, stream_, &dev); !s.ok()) return s;
+    size_t next = 0;
     if (a.num_tokens > 0) {
-      const int64_t n = a.num_tokens;
-      const int64_t row = static_cast<int64_t>(geo.num_kv_heads) * geo.head_dim;
-      for (absl::Status s : {CopyIn(k_new_, a.k_new, n * row, "appended k", stream_),
-                             CopyIn(v_new_, a.v_new, n * row, "appended v", stream_),
-                             CopyIn(a_layer_, a.layer, n, "append layers", stream_),
-                             CopyIn(a_slot_, a.slot, n, "append slots", stream_)})
-        if (!s.ok()) return s;
-      AppendBatch dev{a.num_tokens, k_new_.as<uint16_t>(), v_new_.as<uint16_t>(),
-                      a_layer_.as<int32_t>(), a_slot_.as<int64_t>()};
-      if (absl::Status s = cuda::LaunchAppend(view, dev, stream_); !s.ok()) return s;
+      const AppendBatch append{
+          a.num_tokens, static_cast<const uint16_t*>(dev[0]), static_cast<const uint16_t*>(dev[1]),
+          static_cast<const int32_t*>(dev[2]), static_cast<const int64_t*>(dev[3])};
+      next = 4;
+      if (absl::Status s = cuda::LaunchAppend(view, append, stream_); !s.ok()) return s;
     }
-    const DecodeBatch& d = work.decode;
     if (d.num_requests > 0) {
-      if (absl::Status s = EnqueueDecode(view, d); !s.ok()) return s;
+      if (absl::Status s = EnqueueDecode(view, d, max_topk, &dev[next]); !s.ok()) return s;
     }
     return CudaCall(cudaEventRecord(stop_, stream_), "event record");
   }
 
-  absl::Status EnqueueDecode(const CacheView& view, const DecodeBatch& d) {
-    const CacheGeometry& geo = view.geo;
+  // Checks a decode batch against the configuration and appends its inputs: q, gate,
+  // layers, page table offsets, index offsets, top-K sizes, index forms, indices, page
+  // tables (the last two sized from the host copies).
+  absl::Status AddDecodeInputs(const CacheGeometry& geo, const DecodeBatch& d,
+                               std::vector<InputUpload::Input>* inputs, int32_t* max_topk_out) {
     const int32_t b = d.num_requests;
     if (b > config_.max_batch_size)
       return absl::InternalError(absl::StrCat("CUDA backend: batch of ", b,
@@ -211,7 +231,6 @@ class CudaBackend : public Backend {
       return absl::InternalError(absl::StrCat("CUDA backend: batch has ", d.num_q_heads,
                                               " query heads, configured for ",
                                               config_.num_q_heads));
-    // Sizes of the variable-length arrays, from the host copies.
     int32_t max_topk = 0;
     int64_t index_total = 0, pages_total = 0;
     for (int32_t r = 0; r < b; ++r) {
@@ -229,33 +248,44 @@ class CudaBackend : public Backend {
     if (max_topk > config_.max_topk)
       return absl::InternalError(
           absl::StrCat("CUDA backend: top-K ", max_topk, " exceeds max_topk ", config_.max_topk));
-    const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * geo.head_dim;
-    for (absl::Status s :
-         {CopyIn(q_, d.q, elems, "q", stream_), CopyIn(gate_, d.gate, elems, "gate", stream_),
-          CopyIn(d_layer_, d.layer, b, "layers", stream_),
-          CopyIn(d_pto_, d.page_table_offset, b, "page table offsets", stream_),
-          CopyIn(d_io_, d.index_offset, b, "index offsets", stream_),
-          CopyIn(d_topk_, d.topk, b, "top-K sizes", stream_),
-          CopyIn(d_perkv_, d.indices_per_kv_head, b, "index forms", stream_),
-          CopyIn(d_index_, d.indices, index_total, "indices", stream_),
-          CopyIn(d_pages_, d.page_table, pages_total, "page tables", stream_)})
-      if (!s.ok()) return s;
-    DecodeBatch dev;
-    dev.num_requests = b;
-    dev.num_q_heads = d.num_q_heads;
-    dev.q = q_.as<uint16_t>();
-    dev.gate = gate_.as<uint16_t>();
-    dev.layer = d_layer_.as<int32_t>();
-    dev.page_table = d_pages_.as<int32_t>();
-    dev.page_table_offset = d_pto_.as<int64_t>();
-    dev.indices = d_index_.as<int32_t>();
-    dev.index_offset = d_io_.as<int64_t>();
-    dev.topk = d_topk_.as<int32_t>();
-    dev.indices_per_kv_head = d_perkv_.as<uint8_t>();
-    dev.out = out_.as<uint16_t>();
-    dev.lse = d.lse != nullptr ? lse_.as<float>() : nullptr;
-    if (absl::Status s = cuda::LaunchDecode(view, dev, max_topk, workspace_, stream_); !s.ok())
+    const size_t elems = static_cast<size_t>(b) * d.num_q_heads * geo.head_dim;
+    const size_t rows = b;
+    inputs->push_back({&q_, d.q, 2 * elems, "q"});
+    inputs->push_back({&gate_, d.gate, 2 * elems, "gate"});
+    inputs->push_back({&d_layer_, d.layer, 4 * rows, "layers"});
+    inputs->push_back({&d_pto_, d.page_table_offset, 8 * rows, "page table offsets"});
+    inputs->push_back({&d_io_, d.index_offset, 8 * rows, "index offsets"});
+    inputs->push_back({&d_topk_, d.topk, 4 * rows, "top-K sizes"});
+    inputs->push_back({&d_perkv_, d.indices_per_kv_head, rows, "index forms"});
+    inputs->push_back({&d_index_, d.indices, 4 * static_cast<size_t>(index_total), "indices"});
+    inputs->push_back(
+        {&d_pages_, d.page_table, 4 * static_cast<size_t>(pages_total), "page tables"});
+    *max_topk_out = max_topk;
+    return absl::OkStatus();
+  }
+
+  // Launches the decode on the uploaded inputs (dev: the nine device addresses in
+  // AddDecodeInputs' order) and copies the outputs back.
+  absl::Status EnqueueDecode(const CacheView& view, const DecodeBatch& d, int32_t max_topk,
+                             void* const* dev) {
+    const int32_t b = d.num_requests;
+    DecodeBatch batch;
+    batch.num_requests = b;
+    batch.num_q_heads = d.num_q_heads;
+    batch.q = static_cast<const uint16_t*>(dev[0]);
+    batch.gate = static_cast<const uint16_t*>(dev[1]);
+    batch.layer = static_cast<const int32_t*>(dev[2]);
+    batch.page_table_offset = static_cast<const int64_t*>(dev[3]);
+    batch.index_offset = static_cast<const int64_t*>(dev[4]);
+    batch.topk = static_cast<const int32_t*>(dev[5]);
+    batch.indices_per_kv_head = static_cast<const uint8_t*>(dev[6]);
+    batch.indices = static_cast<const int32_t*>(dev[7]);
+    batch.page_table = static_cast<const int32_t*>(dev[8]);
+    batch.out = out_.as<uint16_t>();
+    batch.lse = d.lse != nullptr ? lse_.as<float>() : nullptr;
+    if (absl::Status s = cuda::LaunchDecode(view, batch, max_topk, workspace_, stream_); !s.ok())
       return s;
+    const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * view.geo.head_dim;
     if (absl::Status s =
             CudaCall(cudaMemcpyAsync(d.out, out_.get(), elems * 2, cudaMemcpyDeviceToHost, stream_),
                      "copy of the outputs to the host");
@@ -281,6 +311,8 @@ class CudaBackend : public Backend {
   DeviceBuffer k_new_, v_new_, a_layer_, a_slot_;
   // Decode metadata: [B] each; d_index_: flat indices; d_pages_: flat page tables.
   DeviceBuffer d_layer_, d_pto_, d_io_, d_topk_, d_perkv_, d_index_, d_pages_;
+  // Small batches' inputs in one copy (else each into its buffer above).
+  InputUpload upload_;
 };
 
 }  // namespace
