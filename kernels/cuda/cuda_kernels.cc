@@ -148,6 +148,8 @@ absl::Status PlanV2(DecodeKernel kernel, int32_t num_requests, int32_t num_q_hea
 
 }  // namespace
 
+int32_t DecodeMaxTopK() { return kDecodeMaxChunks * kDecodeChunkTokens; }
+
 int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads) {
   return static_cast<int64_t>(num_requests) * num_kv_heads;
 }
@@ -172,8 +174,10 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
     return absl::InternalError(absl::StrCat(
         "decode workspace too small: needs ", need_floats, " floats and ", need_counters,
         " counters, has ", workspace.capacity_floats, " and ", workspace.capacity_counters));
-  if (batch.num_requests > 65535 || chunks > 65535)
-    return absl::InvalidArgumentError("CUDA decode: at most 65535 requests and chunks per launch");
+  if (batch.num_requests > 65535 || chunks > kDecodeMaxChunks)
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA decode: at most 65535 requests per launch and ",
+                     kDecodeMaxChunks * kDecodeChunkTokens, " indices per request"));
 
   DecodeParams p{};
   p.k = cache.k;

@@ -37,6 +37,8 @@ enum class DecodeKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2, kV2Coarse = 
 
 // Chunks (CTAs per (request, KV head)) for a list of `topk` indices: ceil(topk / 512), >= 1.
 int32_t DecodeChunks(int32_t topk);
+// Largest top-K per list LaunchDecode accepts (65536).
+int32_t DecodeMaxTopK();
 // Workspace sizes for `num_requests` requests of at most `max_topk` indices per list
 // (enough for v1 and for v2's fine split of up to kDecodeV2FineMaxUnits units).
 int64_t DecodeWorkspaceFloats(int32_t num_requests, int32_t num_q_heads, int32_t head_dim,

@@ -40,9 +40,10 @@ template <int D>
 inline constexpr int kDecodeDefaultStages = D == 256 ? 2
                                                      : (D == 128 ? kDecodeDefaultStagesD128 : 4);
 
-template <int D, bool kPerToken, int kStagesT>
+template <int D, int kRows, bool kPerToken, int kStagesT>
 struct DecodeTile {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim");
+  static_assert(kRows == 8 || kRows == 16, "group tile");
   static_assert(kStagesT >= 2, "ring depth");
   static constexpr int kStages = kStagesT;
   static constexpr int kRowChunks = D / 16;                      // 16-byte pieces of a row
@@ -50,23 +51,41 @@ struct DecodeTile {
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
   static constexpr int kKSteps = D / 16;  // QK MMA k-steps
   static constexpr int kPvTiles = D / 8;  // PV MMA n-tiles
-  static constexpr int kQFragBytes = kKSteps * 32 * 16;
+  // Q fragment words per lane and k-step: 4 (rows g, g + 8), or 2 when G <= 8 (rows 8..15
+  // are padding and their words zero).
+  static constexpr int kQFragWords = kRows == 16 ? 4 : 2;
+  static constexpr int kQFragBytes = kKSteps * 32 * kQFragWords * 4;
   static constexpr int kTableBytes = kDecodeChunkTokens * 4;
-  // Shared memory map (bytes).
-  // uint4 [kKSteps][32]: the f16 Q fragments of the QK MMAs.
+  // Shared memory map (bytes). It fits 4 CTAs per SM at head_dim 128 and G <= 8 in both
+  // scale modes (57344 bytes per CTA plus the 1 KB the driver reserves: 228 KB per SM).
+  // uint2/uint4 [kKSteps][32]: the f16 Q fragments of the QK MMAs.
   static constexpr int kQFragOffset = kRingBytes;
   static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;               // int32 [chunk]
   static constexpr int kKfOffset = kRowsOffset + kTableBytes;                  // float [chunk]
   static constexpr int kVlOffset = kKfOffset + (kPerToken ? kTableBytes : 0);  // float [chunk]
-  static constexpr int kStatsOffset = kVlOffset + (kPerToken ? kTableBytes : 0);
-  static constexpr int kStatsBytes = kDecodeWarps * kDecodeMaxGroup * 4 * 4;  // [warp][16][4]
-  static constexpr int kHeadOffset = kStatsOffset + kStatsBytes;  // float [16][4 + warps]
-  static constexpr int kHeadBytes = kDecodeMaxGroup * (4 + kDecodeWarps) * 4;
-  // 16 words: [0, warps) per-warp max |q|, [8] qinv, [9] last-CTA flag.
-  static constexpr int kMiscOffset = kHeadOffset + kHeadBytes;
-  static constexpr int kSmemBytes = kMiscOffset + 64;
-  // Scratch reused from the ring after the main loop: [warps][16][D] f32 per-warp outputs.
-  static_assert(kDecodeWarps * kDecodeMaxGroup * D * 4 <= kRingBytes, "scratch");
+  static constexpr int kTablesEnd = kVlOffset + (kPerToken ? kTableBytes : 0);
+  // After the main loop the ring is scratch: [warps][G <= kRows][D] f32 per-warp outputs,
+  // then (where they fit) the merge statistics, which otherwise follow the tables.
+  static constexpr int kScratchBytes = kDecodeWarps * kRows * D * 4;
+  static_assert(kScratchBytes <= kRingBytes, "scratch");
+  static constexpr int kStatsBytes = kDecodeWarps * kDecodeMaxGroup * 4 * 4;   // [warp][16][4]
+  static constexpr int kHeadBytes = kDecodeMaxGroup * (4 + kDecodeWarps) * 4;  // [16][4 + W]
+  static constexpr int kFlagBytes = 16;  // the last-CTA flag (int)
+  static constexpr int kPostBytes = kStatsBytes + kHeadBytes + kFlagBytes;
+  static constexpr bool kPostInRing = kScratchBytes + kPostBytes <= kRingBytes;
+  static constexpr int kStatsOffset = kPostInRing ? kScratchBytes : kTablesEnd;
+  static constexpr int kHeadOffset = kStatsOffset + kStatsBytes;
+  static constexpr int kFlagOffset = kHeadOffset + kHeadBytes;
+  static constexpr int kSmemBytes = kPostInRing ? kTablesEnd : kTablesEnd + kPostBytes;
+  // Per-warp max |q| during the prologue: the last ring slot of the last warp, which the
+  // prologue does not fill (it issues stages 0 .. kStages - 2 only).
+  static constexpr int kQMaxOffset = kRingBytes - 16 * kDecodeWarps;
+  // Split-K merge factors of the last CTA, [16][chunks] + [16][4] f32, from ring start
+  // (the per-warp outputs are consumed by then; kMergeMaxChunks keeps them in the ring
+  // and clear of the flag).
+  static constexpr int kMergeMaxChunks =
+      ((kPostInRing ? kFlagOffset : kRingBytes) / 4 - kDecodeMaxGroup * 4) / kDecodeMaxGroup;
+  static_assert(kMergeMaxChunks >= kDecodeMaxChunks, "merge factors");
   // Q fragments built per thread (the last round may leave threads idle).
   static constexpr int kQFragPerThread = (kKSteps * 32 + kDecodeThreads - 1) / kDecodeThreads;
 
@@ -117,7 +136,7 @@ inline constexpr int kDecodeMinCtas =
 template <int D, int kRows, bool kPerToken, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, kStages>))
     SparseDecodeKernel(const DecodeParams p) {
-  using T = DecodeTile<D, kPerToken, kStages>;
+  using T = DecodeTile<D, kRows, kPerToken, kStages>;
   constexpr int kChunk = kDecodeChunkTokens;
   constexpr int kR = kRows / 8;  // accumulator rows per thread (1 or 2)
   extern __shared__ __align__(128) uint8_t smem[];
@@ -142,8 +161,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
   float* vl_tab = reinterpret_cast<float*>(smem + T::kVlOffset);
   float* stats = reinterpret_cast<float*>(smem + T::kStatsOffset);
   float* head = reinterpret_cast<float*>(smem + T::kHeadOffset);
-  float* misc = reinterpret_cast<float*>(smem + T::kMiscOffset);
-  uint4* qfrag = reinterpret_cast<uint4*>(smem + T::kQFragOffset);
+  float* qmax_w = reinterpret_cast<float*>(smem + T::kQMaxOffset);  // [warps], prologue only
+  // [kKSteps][32] fragments: uint4 {x, y, z, w} (kRows 16) or uint2 {x, z} (kRows 8).
+  uint8_t* qfrag = smem + T::kQFragOffset;
 
   const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + static_cast<int64_t>(kvh) * G;
   // The finishing CTA reads gate [G, D] bf16 of these heads last: start it towards L2 now
@@ -223,6 +243,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
   }
 
   // ---- 2. Q of the G query heads of this KV head: max |q| and f16 MMA fragments. ----
+  float qinv_all;
   // Each thread loads from global memory exactly the Q values of its own fragments
   // (fragment e = (ks, lane): rows g0, g0 + 8, columns d0 .. d0 + 3); over the CTA they
   // cover Q [G, D] once, so max |q| comes from the same registers. (A shared-memory
@@ -250,11 +271,11 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
       local_max = fmaxf(local_max, __shfl_xor_sync(0xffffffffu, local_max, o));
-    if (lane == 0) misc[warp] = local_max;
+    if (lane == 0) qmax_w[warp] = local_max;
     __syncthreads();
     float qmax = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) qmax = fmaxf(qmax, misc[w]);
+    for (int w = 0; w < kDecodeWarps; ++w) qmax = fmaxf(qmax, qmax_w[w]);
     // q * 2^(15 - e) < 2^15 fits f16; scores are scaled back by 2^(e - 15).
     int e2 = 0;
     if (qmax > 0.0f) frexpf(qmax, &e2);
@@ -273,14 +294,19 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
       frag.y = PackHalf2(lo(c.x), hi(c.x));
       frag.z = PackHalf2(lo(a.y), hi(a.y));
       frag.w = PackHalf2(lo(c.y), hi(c.y));
-      qfrag[e] = frag;
+      if constexpr (kRows == 16) {
+        reinterpret_cast<uint4*>(qfrag)[e] = frag;
+      } else {
+        reinterpret_cast<uint2*>(qfrag)[e] = make_uint2(frag.x, frag.z);
+      }
     }
-    if (tid == 0) misc[8] = qinv;
+    // Every thread computed the same qinv from the same per-warp maxima.
+    qinv_all = qinv;
   }
   __syncthreads();
 
   // ---- 3. Main loop: each warp runs its own cp.async ring over steps warp, warp+4, ... ----
-  const float qinv = misc[8];
+  const float qinv = qinv_all;
   const float kf_const = kPerToken ? 0.0f : k_layer * p.score_scale_log2 * qinv;
 
   // PV accumulators. G > 8: O[16 heads x 8 d] tiles, o[j][c] = (head grp + 8 (c / 2),
@@ -327,16 +353,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
       }
 #pragma unroll
       for (int ks = 0; ks < T::kKSteps; ++ks) {
-        const uint4 a = qfrag[ks * 32 + lane];
+        uint4 a;
+        if constexpr (kRows == 16) {
+          a = reinterpret_cast<const uint4*>(qfrag)[ks * 32 + lane];
+        } else {
+          const uint2 a2 = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
+          a = make_uint4(a2.x, 0u, a2.y, 0u);
+        }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           uint32_t b0, b1;
           Fp8x4ToHalf2x2(kw[nt][ks], b0, b1);
-          if constexpr (kRows == 16) {
-            MmaF16(s[nt], a.x, a.y, a.z, a.w, b0, b1);
-          } else {
-            MmaF16(s[nt], a.x, 0u, a.z, 0u, b0, b1);
-          }
+          MmaF16(s[nt], a.x, a.y, a.z, a.w, b0, b1);
         }
       }
     }
@@ -602,7 +630,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
   }
   __threadfence();
   __syncthreads();
-  int* last_flag = reinterpret_cast<int*>(misc + 9);
+  int* last_flag = reinterpret_cast<int*>(smem + T::kFlagOffset);
   if (tid == 0) *last_flag = atomicAdd(p.counters + pair, 1) == num_chunks - 1;
   __syncthreads();
   if (!*last_flag) return;

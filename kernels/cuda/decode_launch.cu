@@ -16,7 +16,7 @@ template <int D, int kRows, bool kPerToken>
 const KernelConfig& Configure() {
   static const KernelConfig config = [] {
     constexpr int kStages = kDecodeDefaultStages<D>;
-    constexpr int kSmem = DecodeTile<D, kPerToken, kStages>::kSmemBytes;
+    constexpr int kSmem = DecodeTile<D, kRows, kPerToken, kStages>::kSmemBytes;
     auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages>;
     KernelConfig c;
     c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -34,7 +34,7 @@ const KernelConfig& Configure() {
 template <int D, int kRows, bool kPerToken>
 cudaError_t Launch(const DecodeParams& params, int32_t num_requests, cudaStream_t stream) {
   constexpr int kStages = kDecodeDefaultStages<D>;
-  constexpr int kSmem = DecodeTile<D, kPerToken, kStages>::kSmemBytes;
+  constexpr int kSmem = DecodeTile<D, kRows, kPerToken, kStages>::kSmemBytes;
   const KernelConfig& config = Configure<D, kRows, kPerToken>();
   if (config.error != cudaSuccess) return config.error;
   const dim3 grid(params.num_kv_heads, params.max_chunks, num_requests);

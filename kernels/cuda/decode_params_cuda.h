@@ -21,6 +21,9 @@ inline constexpr int kDecodeThreads = kDecodeWarps * 32;
 inline constexpr int kDecodeStepTokens = 16;  // tokens per warp step (one MMA K-tile)
 inline constexpr int kDecodeMaxGroup = 16;    // query heads per KV head (MMA M = 16)
 inline constexpr int kDecodeStatFloats = 4;   // per (chunk, head): max_s, max_u, l, pad
+// Chunks per request (top-K up to 65536): the last CTA keeps a merge factor per (head,
+// chunk) in shared memory.
+inline constexpr int kDecodeMaxChunks = 128;
 
 // v2 kernel (decode_v2_kernel.cuh): the top-K list is cut into fixed units of
 // kDecodeUnitTokens indices; a unit's partial is computed by one warp per KV head in

@@ -99,7 +99,17 @@ INSTANTIATE_TEST_SUITE_P(
                                          Config{12, 4, 64, 64, ScaleMode::kPerTokenHead, true},
                                          Config{64, 8, 256, 16, ScaleMode::kPerTensor, false},
                                          Config{8, 4, 256, 16, ScaleMode::kPerTokenHead, true},
-                                         Config{40, 8, 64, 16, ScaleMode::kPerTensor, false}),
+                                         Config{40, 8, 64, 16, ScaleMode::kPerTensor, false},
+                                         // G 7 and 9..15: odd and non-power-of-two groups on
+                                         // both PV layouts (transposed for G <= 8).
+                                         Config{56, 8, 128, 16, ScaleMode::kPerTensor, true},
+                                         Config{14, 2, 256, 64, ScaleMode::kPerTokenHead, false},
+                                         Config{9, 1, 64, 16, ScaleMode::kPerTensor, false},
+                                         Config{20, 2, 128, 64, ScaleMode::kPerTokenHead, true},
+                                         Config{44, 4, 64, 16, ScaleMode::kPerTokenHead, false},
+                                         Config{13, 1, 128, 16, ScaleMode::kPerTensor, true},
+                                         Config{30, 2, 64, 64, ScaleMode::kPerTensor, false},
+                                         Config{15, 1, 128, 16, ScaleMode::kPerTokenHead, false}),
                        ::testing::Values(DecodeKernel::kV1, DecodeKernel::kV2Coarse,
                                          DecodeKernel::kV2Fine)),
     Name);
