@@ -351,6 +351,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
 #pragma unroll
         for (int c = 0; c < 4; ++c) s[nt][c] = 0.0f;
       }
+      // G <= 8: odd k-steps into a second accumulator, half the dependent MMA chain
+      // (1 request: -0.3 us; +5 registers, which G > 8 cannot spare: bench/RESULTS.md).
+      constexpr bool kQkSplit = kRows == 8;
+      float s_odd[2][4] = {};
 #pragma unroll
       for (int ks = 0; ks < T::kKSteps; ++ks) {
         uint4 a;
@@ -364,8 +368,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
         for (int nt = 0; nt < 2; ++nt) {
           uint32_t b0, b1;
           Fp8x4ToHalf2x2(kw[nt][ks], b0, b1);
-          MmaF16(s[nt], a.x, a.y, a.z, a.w, b0, b1);
+          MmaF16(kQkSplit && (ks & 1) ? s_odd[nt] : s[nt], a.x, a.y, a.z, a.w, b0, b1);
         }
+      }
+      if constexpr (kQkSplit) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) s[nt][c] += s_odd[nt][c];
       }
     }
 
