@@ -80,6 +80,16 @@ DecodeKernel EnvDecodeKernel() {
   return kernel;
 }
 
+// SDS_DECODE_CLUSTER_MERGE=0 (diagnostics): v1 merges split requests through the global
+// workspace only.
+bool EnvClusterMerge() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SDS_DECODE_CLUSTER_MERGE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
 // SDS_DECODE_V2_HEADS (diagnostics): KV heads per v2 CTA, 0 (unset) = chosen per batch.
 int32_t EnvV2Heads() {
   static const int32_t heads = [] {
@@ -163,7 +173,8 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   if (kernel == DecodeKernel::kDefault) kernel = EnvDecodeKernel();
   if (kernel == DecodeKernel::kDefault)
     return absl::InvalidArgumentError("SDS_DECODE_KERNEL must be v1 or v2 (or unset for v1)");
-  const bool v2 = kernel != DecodeKernel::kV1;
+  const bool v2 = kernel == DecodeKernel::kV2 || kernel == DecodeKernel::kV2Coarse ||
+                  kernel == DecodeKernel::kV2Fine;
   const bool per_token = geo.scale_mode == ScaleMode::kPerTokenHead;
   const int32_t chunks = DecodeChunks(max_topk);
   const int64_t need_floats =
@@ -213,6 +224,7 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   p.counters = workspace.counters;
   p.max_chunks = chunks;
   p.score_scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(geo.head_dim));
+  p.cluster_merge = kernel != DecodeKernel::kV1GlobalMerge && EnvClusterMerge() ? 1 : 0;
   if (!v2)
     return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token, stream),
                     "sparse decode kernel launch");

@@ -31,9 +31,19 @@ struct DecodeWorkspace {
 
 // Which decode kernel LaunchDecode runs. kDefault: SDS_DECODE_KERNEL=v1|v2 from the
 // environment, read once per process (v1 when unset). v1: CTA per (request, KV head,
-// 512-index chunk). v2: CTA per (request, KV heads group[, 64-index unit]), batch size
-// picks the split (kV2Coarse / kV2Fine force one, for tests and benchmarks).
-enum class DecodeKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2, kV2Coarse = 3, kV2Fine = 4 };
+// 512-index chunk); a request's chunks merge over distributed shared memory (clusters)
+// when the batch's longest list has 2..8 chunks, else through a global workspace (always
+// with kV1GlobalMerge or SDS_DECODE_CLUSTER_MERGE=0; same bits either way). v2: CTA per
+// (request, KV heads group[, 64-index unit]), batch size picks the split (kV2Coarse /
+// kV2Fine force one, for tests and benchmarks).
+enum class DecodeKernel : int32_t {
+  kDefault = 0,
+  kV1 = 1,
+  kV2 = 2,
+  kV2Coarse = 3,
+  kV2Fine = 4,
+  kV1GlobalMerge = 5
+};
 
 // Chunks (CTAs per (request, KV head)) for a list of `topk` indices: ceil(topk / 512), >= 1.
 int32_t DecodeChunks(int32_t topk);

@@ -18,6 +18,7 @@
 // f16 fragment build overlap the first K/V round trip.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -86,6 +87,14 @@ struct DecodeTile {
   static constexpr int kMergeMaxChunks =
       ((kPostInRing ? kFlagOffset : kRingBytes) / 4 - kDecodeMaxGroup * 4) / kDecodeMaxGroup;
   static_assert(kMergeMaxChunks >= kDecodeMaxChunks, "merge factors");
+  // Cluster merge (p.cluster_merge): each chunk CTA leaves its partial [G][D] f32 and its
+  // statistics [16][4] f32 in its own ring, after the flag, for chunk 0 to read over
+  // distributed shared memory. Where they do not fit (D 256, G > 8), the launch uses the
+  // global workspace.
+  static constexpr int kClusterPartialOffset = kFlagOffset + kFlagBytes;
+  static constexpr int kClusterStatsOffset = kClusterPartialOffset + kRows * D * 4;
+  static constexpr bool kClusterMergeFits =
+      kPostInRing && kClusterStatsOffset + kDecodeMaxGroup * kDecodeStatFloats * 4 <= kRingBytes;
   // Q fragments built per thread (the last round may leave threads idle).
   static constexpr int kQFragPerThread = (kKSteps * 32 + kDecodeThreads - 1) / kDecodeThreads;
 
@@ -123,6 +132,51 @@ struct DecodeTile {
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// Arrive at and wait on the cluster barrier twice (release / acquire semantics).
+__device__ __forceinline__ void ClusterSyncTwice() {
+  cooperative_groups::this_cluster().sync();
+  cooperative_groups::this_cluster().sync();
+}
+
+// Merges the chunk partials of one (request, KV head) in chunk order and hands each
+// element to finish(g, d, val, max_s, max_u, l). stat(c, g, k): statistic k (0 max_s,
+// 1 max_u, 2 l) of head g in chunk c; part(c, e): element e = g * D + d of chunk c's
+// partial. The global workspace and the cluster's shared memory both go through here, so
+// both give the same bits. cf: [16 * num_chunks + 64] f32 of shared memory.
+template <int D, class Stat, class Part, class Finish>
+__device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, const Stat& stat,
+                                            const Part& part, const Finish& finish) {
+  const int tid = threadIdx.x;
+  float* hm = cf + kDecodeMaxGroup * num_chunks;  // [G][4]: ms, mu, l
+  if (tid < G) {
+    const int g = tid;
+    float ms = NegInf(), mu = NegInf();
+#pragma unroll 4
+    for (int c = 0; c < num_chunks; ++c) {
+      ms = fmaxf(ms, stat(c, g, 0));
+      mu = fmaxf(mu, stat(c, g, 1));
+    }
+    const float bs = ms == NegInf() ? 0.0f : ms, bu = mu == NegInf() ? 0.0f : mu;
+    float l = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < num_chunks; ++c) {
+      l += stat(c, g, 2) * FastExp2(stat(c, g, 0) - bs);
+      cf[g * num_chunks + c] = FastExp2(stat(c, g, 1) - bu);
+    }
+    hm[g * 4 + 0] = ms;
+    hm[g * 4 + 1] = mu;
+    hm[g * 4 + 2] = l;
+  }
+  __syncthreads();
+  for (int e = tid; e < G * D; e += kDecodeThreads) {
+    const int g = e / D, d = e % D;
+    float val = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < num_chunks; ++c) val += part(c, e) * cf[g * num_chunks + c];
+    finish(g, d, val, hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);
+  }
+}
+
 // kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
 // Resident CTAs per SM asked of the register allocator (at most 128 registers) where the
 // head_dim 128 shared memory fits that many: 4 CTAs of 4 warps (per_tensor) or 2 of 8.
@@ -132,6 +186,10 @@ inline constexpr int kDecodeMinCtas =
     : kDecodeWarps == 8                             ? 2
     : !kPerToken                                    ? 4
                                                     : SDS_DECODE_MIN_CTAS;
+
+// Whether an instance can merge its chunks over distributed shared memory.
+template <int D, int kRows, bool kPerToken, int kStages>
+inline constexpr bool kClusterMergeOk = DecodeTile<D, kRows, kPerToken, kStages>::kClusterMergeFits;
 
 template <int D, int kRows, bool kPerToken, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, kStages>))
@@ -146,7 +204,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
   const int b = blockIdx.z;
   const int topk = p.topk[b];
   const int num_chunks = topk > kChunk ? (topk + kChunk - 1) / kChunk : 1;
-  if (chunk >= num_chunks) return;
+  // Cluster merge: every CTA of a (request, KV head) cluster passes the same two cluster
+  // barriers (after the partials are written, after chunk 0 has read them), so a CTA
+  // with no chunk of its own, or of a one-chunk request, still takes part in both.
+  const bool cluster_merge = kClusterMergeOk<D, kRows, kPerToken, kStages> && p.cluster_merge;
+  if (chunk >= num_chunks) {
+    if (cluster_merge) ClusterSyncTwice();
+    return;
+  }
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int grp = lane >> 2, tig = lane & 3;
@@ -604,39 +669,67 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
       p.lse[head0 + g] = l > 0.0f ? (ms + log2f(l)) * 0.69314718055994531f : NegInf();
   };
 
-  if (num_chunks == 1) {
-    for (int e = tid; e < G * D; e += kDecodeThreads) {
-      const int g = e / D, d = e % D;
-      const float* hp = head + g * (4 + kDecodeWarps);
-      float val = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w)
-        val += ow[(w * G + g) * D + T::template ScratchCol<kTransposed>(g, d)] * hp[4 + w];
-      finish(g, d, val, hp[0], hp[1], hp[2]);
-    }
-    return;
-  }
-
-  // ---- 5. Split-K: write this chunk's partial; the last chunk CTA merges in order. ----
-  const int64_t pair = static_cast<int64_t>(b) * hkv + kvh;
-  float* po = p.partial_o + (pair * p.max_chunks) * G * D;                      // [chunks][G][D]
-  float* ps = p.partial_stats + (pair * p.max_chunks) * G * kDecodeStatFloats;  // [chunks][G][4]
-  for (int e = tid; e < G * D; e += kDecodeThreads) {
-    const int g = e / D, d = e % D;
+  // This chunk's value of element e = g * D + d: the warps' outputs in warp order.
+  auto chunk_value = [&](int g, int d) {
     const float* hp = head + g * (4 + kDecodeWarps);
     float val = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w)
       val += ow[(w * G + g) * D + T::template ScratchCol<kTransposed>(g, d)] * hp[4 + w];
-    po[static_cast<int64_t>(chunk) * G * D + e] = val;
+    return val;
+  };
+
+  if (num_chunks == 1) {
+    for (int e = tid; e < G * D; e += kDecodeThreads) {
+      const int g = e / D, d = e % D;
+      const float* hp = head + g * (4 + kDecodeWarps);
+      finish(g, d, chunk_value(g, d), hp[0], hp[1], hp[2]);
+    }
+    if (cluster_merge) ClusterSyncTwice();
+    return;
   }
+
+  // ---- 5. Split-K: write this chunk's partial [G][D] and statistics [G][4] f32, then
+  // merge in chunk order: chunk 0 over distributed shared memory (cluster launch), or
+  // the last chunk CTA to finish through the global workspace. ----
+  float* part_out;  // this chunk's partial
+  float* stat_out;  // this chunk's statistics
+  const int64_t pair = static_cast<int64_t>(b) * hkv + kvh;
+  float* po = p.partial_o + (pair * p.max_chunks) * G * D;                      // [chunks][G][D]
+  float* ps = p.partial_stats + (pair * p.max_chunks) * G * kDecodeStatFloats;  // [chunks][G][4]
+  if (cluster_merge) {
+    part_out = reinterpret_cast<float*>(smem + T::kClusterPartialOffset);
+    stat_out = reinterpret_cast<float*>(smem + T::kClusterStatsOffset);
+  } else {
+    part_out = po + static_cast<int64_t>(chunk) * G * D;
+    stat_out = ps + chunk * G * kDecodeStatFloats;
+  }
+  for (int e = tid; e < G * D; e += kDecodeThreads) part_out[e] = chunk_value(e / D, e % D);
   if (tid < G) {
     const float* hp = head + tid * (4 + kDecodeWarps);
-    float* sp = ps + (chunk * G + tid) * kDecodeStatFloats;
+    float* sp = stat_out + tid * kDecodeStatFloats;
     sp[0] = hp[0];
     sp[1] = hp[1];
     sp[2] = hp[2];
     sp[3] = 0.0f;
+  }
+  // Merge factors of the merging CTA at ring start (the per-warp outputs are consumed).
+  float* cf = reinterpret_cast<float*>(smem);
+  if (cluster_merge) {
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();  // every chunk's partial is visible to the cluster
+    if (chunk == 0) {
+      const float* cpo = reinterpret_cast<const float*>(smem + T::kClusterPartialOffset);
+      const float* cps = reinterpret_cast<const float*>(smem + T::kClusterStatsOffset);
+      MergeChunks<D>(
+          cf, num_chunks, G,
+          [&](int c, int g, int k) {
+            return cluster.map_shared_rank(cps, c)[g * kDecodeStatFloats + k];
+          },
+          [&](int c, int e) { return cluster.map_shared_rank(cpo, c)[e]; }, finish);
+    }
+    cluster.sync();  // chunk 0 is done reading: the other CTAs may exit
+    return;
   }
   __threadfence();
   __syncthreads();
@@ -645,38 +738,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, 
   __syncthreads();
   if (!*last_flag) return;
   __threadfence();
-  // Merge factors per (head, chunk) in the (now idle) ring: cf[g][c].
-  float* cf = reinterpret_cast<float*>(smem);
-  float* hm = cf + kDecodeMaxGroup * num_chunks;  // [G][4]: ms, mu, l
-  if (tid < G) {
-    const int g = tid;
-    float ms = NegInf(), mu = NegInf();
-#pragma unroll 4
-    for (int c = 0; c < num_chunks; ++c) {
-      ms = fmaxf(ms, __ldcg(ps + (c * G + g) * kDecodeStatFloats + 0));
-      mu = fmaxf(mu, __ldcg(ps + (c * G + g) * kDecodeStatFloats + 1));
-    }
-    const float bs = ms == NegInf() ? 0.0f : ms, bu = mu == NegInf() ? 0.0f : mu;
-    float l = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < num_chunks; ++c) {
-      const float* sp = ps + (c * G + g) * kDecodeStatFloats;
-      l += __ldcg(sp + 2) * FastExp2(__ldcg(sp) - bs);
-      cf[g * num_chunks + c] = FastExp2(__ldcg(sp + 1) - bu);
-    }
-    hm[g * 4 + 0] = ms;
-    hm[g * 4 + 1] = mu;
-    hm[g * 4 + 2] = l;
-  }
-  __syncthreads();
-  for (int e = tid; e < G * D; e += kDecodeThreads) {
-    const int g = e / D, d = e % D;
-    float val = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < num_chunks; ++c)
-      val += __ldcg(po + static_cast<int64_t>(c) * G * D + e) * cf[g * num_chunks + c];
-    finish(g, d, val, hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);
-  }
+  MergeChunks<D>(
+      cf, num_chunks, G,
+      [&](int c, int g, int k) { return __ldcg(ps + (c * G + g) * kDecodeStatFloats + k); },
+      [&](int c, int e) { return __ldcg(po + static_cast<int64_t>(c) * G * D + e); }, finish);
   if (tid == 0) p.counters[pair] = 0;
 }
 

@@ -6,10 +6,11 @@ namespace sds::cuda {
 namespace {
 
 // Once per process and instance: raise the dynamic shared memory limit, ask for the
-// largest shared-memory carveout and read the resident CTAs per SM.
+// largest shared-memory carveout and read the resident CTAs per SM and the SM count.
 struct KernelConfig {
   cudaError_t error = cudaSuccess;
   int ctas_per_sm = 0;
+  int sms = 0;
 };
 
 template <int D, int kRows, bool kPerToken>
@@ -26,20 +27,49 @@ const KernelConfig& Configure() {
     if (c.error != cudaSuccess) return c;
     c.error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, kernel, kDecodeThreads,
                                                             kSmem);
+    if (c.error != cudaSuccess) return c;
+    int device = 0;
+    c.error = cudaGetDevice(&device);
+    if (c.error != cudaSuccess) return c;
+    c.error = cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, device);
     return c;
   }();
   return config;
 }
 
 template <int D, int kRows, bool kPerToken>
-cudaError_t Launch(const DecodeParams& params, int32_t num_requests, cudaStream_t stream) {
+cudaError_t Launch(DecodeParams params, int32_t num_requests, cudaStream_t stream) {
   constexpr int kStages = kDecodeDefaultStages<D>;
   constexpr int kSmem = DecodeTile<D, kRows, kPerToken, kStages>::kSmemBytes;
+  auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages>;
   const KernelConfig& config = Configure<D, kRows, kPerToken>();
   if (config.error != cudaSuccess) return config.error;
   const dim3 grid(params.num_kv_heads, params.max_chunks, num_requests);
-  SparseDecodeKernel<D, kRows, kPerToken, kStages><<<grid, kDecodeThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  // Split requests merge over distributed shared memory where the instance fits it, a
+  // cluster of max_chunks CTAs is portable (<= 8: top-K <= 4096) and the grid is at most
+  // one CTA per SM, if the caller allows. On the H200 the cluster merge took 1 request
+  // from 17.9 to 17.0 us but 64 x 2048 from 96 to 108 us and 8 requests from 25.3 to
+  // 25.8 (clusters constrain where CTAs run): bench/RESULTS.md. Same bits either way.
+  const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  params.cluster_merge = params.cluster_merge && kClusterMergeOk<D, kRows, kPerToken, kStages> &&
+                         params.max_chunks >= 2 && params.max_chunks <= 8 && ctas <= config.sms;
+  if (!params.cluster_merge) {
+    kernel<<<grid, kDecodeThreads, kSmem, stream>>>(params);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t launch = {};
+  launch.gridDim = grid;
+  launch.blockDim = dim3(kDecodeThreads);
+  launch.dynamicSmemBytes = kSmem;
+  launch.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = 1;
+  cluster[0].val.clusterDim.y = static_cast<unsigned>(params.max_chunks);  // cluster rank = chunk
+  cluster[0].val.clusterDim.z = 1;
+  launch.attrs = cluster;
+  launch.numAttrs = 1;
+  return cudaLaunchKernelEx(&launch, kernel, params);
 }
 
 template <int D>

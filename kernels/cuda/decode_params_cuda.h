@@ -76,6 +76,10 @@ struct DecodeParams {
   int32_t* counters;
   int32_t max_chunks;
   float score_scale_log2;  // log2(e) / sqrt(D)
+  // v1: set by the launch when it uses clusters of max_chunks CTAs along y (callers set
+  // it to allow that): requests with several chunks merge them over distributed shared
+  // memory instead of partial_o / counters.
+  int32_t cluster_merge;
 
   // v2 only. heads_per_cta: KV heads (one warp each) per CTA, a power of two dividing
   // Hkv. fine: one CTA per unit, unit partials go to partial_o / partial_stats laid out

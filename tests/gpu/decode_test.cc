@@ -215,6 +215,49 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DecodeBatchInvariance,
                            return KernelName(info.param);
                          });
 
+// v1 merges a request's chunks over distributed shared memory when the batch's longest
+// list has 2..8 chunks and the grid has at most one CTA per SM, else through the global
+// workspace. Both must give the same bits: a batch of 3 requests (at most 96 CTAs:
+// cluster on any sm_90 part with 96 SMs or more) either way, and a request alone (4
+// chunks: cluster) or beside a top-K 5000 list (10 chunks: global workspace).
+TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  struct Shape {
+    int hq, hkv, d;
+    ScaleMode mode;
+  };
+  for (const Shape sh :
+       {Shape{32, 8, 128, ScaleMode::kPerTensor}, Shape{64, 4, 64, ScaleMode::kPerTokenHead},
+        Shape{16, 2, 256, ScaleMode::kPerTensor}}) {
+    SCOPED_TRACE(testing::Message() << sh.hq << "/" << sh.hkv << " D" << sh.d);
+    TestCache cache = BuildCache(2, sh.hkv, sh.d, 16, sh.mode, {6000, 700, 2500, 90}, 7);
+    const RequestSpec target{0, 1, 1700, false, 4242};
+    const std::vector<RequestSpec> specs = {target, RequestSpec{2, 0, 1100, true, 601},
+                                            RequestSpec{1, 1, 513, false, 602}};
+    auto run = [&](const std::vector<RequestSpec>& batch_specs, DecodeKernel kernel,
+                   std::vector<uint16_t>* out, std::vector<float>* lse) {
+      TestBatch batch = BuildBatch(cache, sh.hq, batch_specs);
+      RunGpuDecode(cache, batch, true, out, lse, kernel);
+      if (kernel == DecodeKernel::kV1) {
+        for (int b = 0; b < batch.size(); ++b)
+          EXPECT_EQ("", CompareWithReference(cache, batch, b, *out, *lse, 2.0)) << "request " << b;
+      }
+    };
+    std::vector<uint16_t> cluster, global, alone, beside;
+    std::vector<float> lse_cluster, lse_global, lse_alone, lse_beside;
+    run(specs, DecodeKernel::kV1, &cluster, &lse_cluster);
+    run(specs, DecodeKernel::kV1GlobalMerge, &global, &lse_global);
+    ASSERT_EQ(cluster.size(), global.size());
+    EXPECT_EQ(0, std::memcmp(cluster.data(), global.data(), cluster.size() * 2));
+    EXPECT_EQ(0, std::memcmp(lse_cluster.data(), lse_global.data(), lse_cluster.size() * 4));
+    run({target}, DecodeKernel::kV1, &alone, &lse_alone);
+    run({target, RequestSpec{0, 0, 5000, false, 77}}, DecodeKernel::kV1, &beside, &lse_beside);
+    const size_t row = static_cast<size_t>(sh.hq) * sh.d;
+    EXPECT_EQ(0, std::memcmp(alone.data(), beside.data(), row * 2));
+    EXPECT_EQ(0, std::memcmp(lse_alone.data(), lse_beside.data(), sh.hq * 4));
+  }
+}
+
 TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
   CacheGeometry geo;

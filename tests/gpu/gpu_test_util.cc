@@ -280,6 +280,8 @@ std::string KernelName(cuda::DecodeKernel kernel) {
       return "v2coarse";
     case cuda::DecodeKernel::kV2Fine:
       return "v2fine";
+    case cuda::DecodeKernel::kV1GlobalMerge:
+      return "v1global";
     default:
       return "default";
   }
