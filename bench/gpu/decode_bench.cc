@@ -395,6 +395,9 @@ int main(int argc, char** argv) {
       // (one chunk per KV head, no split-K merge).
       {"b1_k16_128k", 1, 32, 8, 128, 16, 131072, 16, ScaleMode::kPerTensor, 0, 0},
       {"b1_k512_128k", 1, 32, 8, 128, 16, 131072, 512, ScaleMode::kPerTensor, 0, 0},
+      // 4 requests of 4 chunks: 128 CTAs, the largest grid on 132 SMs that merges its
+      // chunks over distributed shared memory (clusters).
+      {"b4_k2048_128k", 4, 32, 8, 128, 16, 131072, 2048, ScaleMode::kPerTensor, 0, 0},
       // Locality diagnostics: the seed and the 64 x 2048 lists in position order (what
       // reading whole pages in order could reach), not a goal shape.
       {"seed_sorted", 256, 32, 8, 128, 16, 512, 512, ScaleMode::kPerTensor, 0, 0, true},

@@ -9,9 +9,11 @@
 // layout (G <= 8, no padded head rows), so P never leaves registers.
 // Online softmax in base 2. In per_token_head mode the V scale is folded into the
 // exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
-// A request with several chunks writes f32 partials; the last CTA of its (request,
-// KV head) to finish merges them in chunk order, so results are bitwise independent
-// of the batch. The ring depth only sets how far each warp prefetches, never the
+// A request with several chunks writes f32 partials, merged in chunk order by chunk 0
+// over distributed shared memory (small grids, launched as clusters) or by the last CTA
+// of its (request, KV head) to finish through a global workspace; both run MergeChunks
+// with the same operations in the same order, so results are bitwise independent of the
+// batch. The ring depth only sets how far each warp prefetches, never the
 // arithmetic order (deeper rings for small grids measured no faster: bench/RESULTS.md).
 // Prologue: each warp resolves its own tokens (steps warp, warp + W, ...) to cache rows
 // and issues its first cp.async stages before the CTA loads Q, so the Q load and the
@@ -179,12 +181,13 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
 
 // kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
 // Resident CTAs per SM asked of the register allocator (at most 128 registers) where the
-// head_dim 128 shared memory fits that many: 4 CTAs of 4 warps (per_tensor) or 2 of 8.
-template <int D, bool kPerToken, int kStages>
+// head_dim 128 shared memory fits that many: 4 CTAs of 4 warps (per_tensor, and
+// per_token_head at G <= 8) or 2 of 8.
+template <int D, int kRows, bool kPerToken, int kStages>
 inline constexpr int kDecodeMinCtas =
     D != 128 || kStages != kDecodeDefaultStagesD128 ? SDS_DECODE_MIN_CTAS
     : kDecodeWarps == 8                             ? 2
-    : !kPerToken                                    ? 4
+    : !kPerToken || kRows == 8                      ? 4
                                                     : SDS_DECODE_MIN_CTAS;
 
 // Whether an instance can merge its chunks over distributed shared memory.
@@ -192,7 +195,7 @@ template <int D, int kRows, bool kPerToken, int kStages>
 inline constexpr bool kClusterMergeOk = DecodeTile<D, kRows, kPerToken, kStages>::kClusterMergeFits;
 
 template <int D, int kRows, bool kPerToken, int kStages>
-__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kPerToken, kStages>))
+__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPerToken, kStages>))
     SparseDecodeKernel(const DecodeParams p) {
   using T = DecodeTile<D, kRows, kPerToken, kStages>;
   constexpr int kChunk = kDecodeChunkTokens;

@@ -69,7 +69,15 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, cudaStream_t strea
   cluster[0].val.clusterDim.z = 1;
   launch.attrs = cluster;
   launch.numAttrs = 1;
-  return cudaLaunchKernelEx(&launch, kernel, params);
+  const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, params);
+  if (err != cudaErrorInvalidClusterSize && err != cudaErrorLaunchOutOfResources) return err;
+  // The context cannot place such a cluster (e.g. a partitioned GPU): clear the error
+  // and merge through the global workspace instead (same bits; a plain launch that still
+  // fails reports its own error).
+  cudaGetLastError();
+  params.cluster_merge = 0;
+  kernel<<<grid, kDecodeThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
 }
 
 template <int D>

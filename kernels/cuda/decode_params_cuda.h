@@ -67,7 +67,8 @@ struct DecodeParams {
   uint16_t* out;                       // [B, Hq, D] bf16 bits
   float* lse;                          // [B, Hq] or nullptr
 
-  // Split-K workspace (used when a request has more than one chunk).
+  // Split-K workspace (used when a request has more than one chunk and the launch does
+  // not merge over distributed shared memory, see cluster_merge).
   // partial_o: [B, Hkv, max_chunks, G, D] f32 unnormalised outputs.
   float* partial_o;
   // partial_stats: [B, Hkv, max_chunks, G, kDecodeStatFloats] f32.

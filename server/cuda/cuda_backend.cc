@@ -123,6 +123,7 @@ class CudaBackend : public Backend {
                      "zeroing split-K counters");
         !s.ok())
       return s;
+    if (absl::Status s = upload_.Init(); !s.ok()) return s;
     // Fixed-size decode buffers sized by the config.
     const size_t rows = static_cast<size_t>(config_.max_batch_size) * config_.num_q_heads;
     const size_t elems = rows * config_.cache.head_dim;
@@ -199,10 +200,11 @@ class CudaBackend : public Backend {
     if (d.num_requests > 0) {
       if (absl::Status s = AddDecodeInputs(geo, d, &inputs, &max_topk); !s.ok()) return s;
     }
+    std::vector<void*> dev;
+    if (absl::Status s = upload_.Stage(inputs, &dev); !s.ok()) return s;
     if (absl::Status s = CudaCall(cudaEventRecord(start_, stream_), "event record"); !s.ok())
       return s;
-    std::vector<void*> dev;
-    if (absl::Status s = upload_.Upload(inputs, stream_, &dev); !s.ok()) return s;
+    if (absl::Status s = upload_.Send(stream_); !s.ok()) return s;
     size_t next = 0;
     if (a.num_tokens > 0) {
       const AppendBatch append{
@@ -311,7 +313,7 @@ class CudaBackend : public Backend {
   DeviceBuffer k_new_, v_new_, a_layer_, a_slot_;
   // Decode metadata: [B] each; d_index_: flat indices; d_pages_: flat page tables.
   DeviceBuffer d_layer_, d_pto_, d_io_, d_topk_, d_perkv_, d_index_, d_pages_;
-  // Small batches' inputs in one copy (else each into its buffer above).
+  // Inputs of at most 16 KB go in one packed copy; larger ones into their buffers above.
   InputUpload upload_;
 };
 

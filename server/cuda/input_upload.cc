@@ -18,18 +18,25 @@ InputUpload::~InputUpload() {
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
 }
 
-absl::Status InputUpload::Upload(const std::vector<Input>& inputs, cudaStream_t stream,
-                                 std::vector<void*>* device) {
-  device->assign(inputs.size(), nullptr);
+absl::Status InputUpload::Init() {
   if (pinned_ == nullptr) {
-    if (absl::Status s = cuda::CudaCall(cudaHostAlloc(&pinned_, kPackBytes, cudaHostAllocDefault),
-                                        "pinned input pack allocation");
-        !s.ok()) {
+    const cudaError_t err = cudaHostAlloc(&pinned_, kPackBytes, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not sticky: later launches must not see it
       pinned_ = nullptr;
-      return s;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("pinned allocation of ", kPackBytes,
+                       " bytes for the input pack failed: ", cudaGetErrorString(err)));
     }
   }
-  if (absl::Status s = packed_.Reserve(kPackBytes, "input pack"); !s.ok()) return s;
+  return packed_.Reserve(kPackBytes, "input pack");
+}
+
+absl::Status InputUpload::Stage(const std::vector<Input>& inputs, std::vector<void*>* device) {
+  if (pinned_ == nullptr || packed_.get() == nullptr)
+    return absl::FailedPreconditionError("InputUpload::Stage before a successful Init");
+  device->assign(inputs.size(), nullptr);
+  direct_.clear();
   auto* host = static_cast<unsigned char*>(pinned_);
   auto* dev = static_cast<unsigned char*>(packed_.get());
   size_t at = 0;
@@ -41,18 +48,30 @@ absl::Status InputUpload::Upload(const std::vector<Input>& inputs, cudaStream_t 
       at += AlignUp(in.bytes);
       continue;
     }
-    // Large: straight from the pinned staging memory into the input's own buffer.
     if (absl::Status s = in.own->Reserve(in.bytes, in.what); !s.ok()) return s;
+    (*device)[i] = in.own->get();
+    direct_.push_back({in.own->get(), in.host, in.bytes, in.what});
+  }
+  packed_bytes_ = at;
+  return absl::OkStatus();
+}
+
+absl::Status InputUpload::Send(cudaStream_t stream) {
+  if (packed_bytes_ > 0) {
     if (absl::Status s = cuda::CudaCall(
-            cudaMemcpyAsync(in.own->get(), in.host, in.bytes, cudaMemcpyHostToDevice, stream),
-            absl::StrCat("copy of ", in.what, " to the device"));
+            cudaMemcpyAsync(packed_.get(), pinned_, packed_bytes_, cudaMemcpyHostToDevice, stream),
+            "copy of the packed batch inputs to the device");
         !s.ok())
       return s;
-    (*device)[i] = in.own->get();
   }
-  if (at == 0) return absl::OkStatus();
-  return cuda::CudaCall(cudaMemcpyAsync(dev, host, at, cudaMemcpyHostToDevice, stream),
-                        "copy of the packed batch inputs to the device");
+  for (const Copy& c : direct_) {
+    if (absl::Status s = cuda::CudaCall(
+            cudaMemcpyAsync(c.device, c.host, c.bytes, cudaMemcpyHostToDevice, stream),
+            absl::StrCat("copy of ", c.what, " to the device"));
+        !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sds::cudabackend

@@ -36,15 +36,28 @@ class InputUpload {
   InputUpload& operator=(const InputUpload&) = delete;
   ~InputUpload();
 
-  // Enqueues the copies of `inputs` on `stream` and sets device[i] to where input i will
-  // be (256-byte aligned). The host memory must stay untouched until the stream has
-  // passed the copies; the caller synchronises before the next Upload.
-  absl::Status Upload(const std::vector<Input>& inputs, cudaStream_t stream,
-                      std::vector<void*>* device);
+  // Allocates the pinned and device packs. RESOURCE_EXHAUSTED when either fails.
+  absl::Status Init();
+  // Host side of an upload: copies the small inputs into the pinned pack, makes room in
+  // the large inputs' own buffers and sets device[i] to where input i will be (256-byte
+  // aligned). Enqueues nothing, so the host copying stays out of the device timing.
+  absl::Status Stage(const std::vector<Input>& inputs, std::vector<void*>* device);
+  // Enqueues the staged copies on `stream`: the pack (one copy), then each large input.
+  // The host memory must stay untouched until the stream has passed them; the caller
+  // synchronises the stream before the next Stage.
+  absl::Status Send(cudaStream_t stream);
 
  private:
-  void* pinned_ = nullptr;  // [kPackBytes] host, allocated on first use
-  DeviceBuffer packed_;     // [kPackBytes] device
+  struct Copy {
+    void* device;
+    const void* host;
+    size_t bytes;
+    const char* what;
+  };
+  void* pinned_ = nullptr;    // [kPackBytes] host
+  DeviceBuffer packed_;       // [kPackBytes] device
+  size_t packed_bytes_ = 0;   // staged bytes of the pack
+  std::vector<Copy> direct_;  // staged copies of the large inputs
 };
 
 }  // namespace sds::cudabackend

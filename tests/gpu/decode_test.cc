@@ -100,7 +100,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          Config{64, 8, 256, 16, ScaleMode::kPerTensor, false},
                                          Config{8, 4, 256, 16, ScaleMode::kPerTokenHead, true},
                                          Config{40, 8, 64, 16, ScaleMode::kPerTensor, false},
-                                         // G 7 and 9..15: odd and non-power-of-two groups on
+                                         // G 7, 9, 10, 11, 13, 15: odd and uneven groups on
                                          // both PV layouts (transposed for G <= 8).
                                          Config{56, 8, 128, 16, ScaleMode::kPerTensor, true},
                                          Config{14, 2, 256, 64, ScaleMode::kPerTokenHead, false},
@@ -222,6 +222,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DecodeBatchInvariance,
 // chunks: cluster) or beside a top-K 5000 list (10 chunks: global workspace).
 TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  int sms = 0;
+  Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  if (sms < 96) GTEST_SKIP() << sms << " SMs: the 96-CTA batch would not take the cluster path";
   struct Shape {
     int hq, hkv, d;
     ScaleMode mode;
@@ -232,8 +235,9 @@ TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
     SCOPED_TRACE(testing::Message() << sh.hq << "/" << sh.hkv << " D" << sh.d);
     TestCache cache = BuildCache(2, sh.hkv, sh.d, 16, sh.mode, {6000, 700, 2500, 90}, 7);
     const RequestSpec target{0, 1, 1700, false, 4242};
+    // 4, 3 and 1 chunks (the one-chunk request passes the cluster barriers too).
     const std::vector<RequestSpec> specs = {target, RequestSpec{2, 0, 1100, true, 601},
-                                            RequestSpec{1, 1, 513, false, 602}};
+                                            RequestSpec{3, 1, 90, false, 602}};
     auto run = [&](const std::vector<RequestSpec>& batch_specs, DecodeKernel kernel,
                    std::vector<uint16_t>* out, std::vector<float>* lse) {
       TestBatch batch = BuildBatch(cache, sh.hq, batch_specs);
