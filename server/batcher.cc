@@ -73,21 +73,24 @@ absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool ur
   return absl::OkStatus();
 }
 
-absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent) {
+absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent,
+                              SubmitterRun* claim) {
   // Counted before it is visible to the assembler: an item that ran and completed before
   // being counted would let Drain miss its last wake-up.
   AddOutstanding(1);
   bool wake = false;
   absl::Status status;
+  bool claimed = false;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     status = PushLocked(entry, counts_toward_depth, urgent, &wake);
+    claimed = claim != nullptr && status.ok() && ClaimForSubmitterLocked(claim);
   }
   if (!status.ok()) {
     Completed(1);
     return status;
   }
-  if (wake) queue_cv_.notify_one();
+  if (wake && !claimed) queue_cv_.notify_one();
   return absl::OkStatus();
 }
 
@@ -99,6 +102,8 @@ void Batcher::AddOutstanding(int64_t items) {
 std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works) {
   std::vector<absl::Status> status(works->size());
   bool wake = false;
+  SubmitterRun claim;  // runs (if claimed) before this returns
+  bool claimed = false;
   int64_t queued = 0;
   const Clock::time_point now = Clock::now();
   AddOutstanding(static_cast<int64_t>(works->size()));  // before visible, as in Enqueue
@@ -114,24 +119,26 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
         (*works)[i] = std::get<DecodeWork>(std::move(entry));  // refused: hand it back
       }
     }
+    claimed = queued > 0 && ClaimForSubmitterLocked(&claim);
   }
   Completed(static_cast<int64_t>(works->size()) - queued);  // the refused ones
-  if (wake) queue_cv_.notify_one();
+  if (wake && !claimed) queue_cv_.notify_one();
+  claim.Run();
   return status;
 }
 
-absl::Status Batcher::SubmitDecode(DecodeWork work) {
+absl::Status Batcher::SubmitDecode(DecodeWork work, SubmitterRun* claim) {
   work.enqueued = Clock::now();
-  return Enqueue(std::move(work), true, false);
+  return Enqueue(std::move(work), true, false, claim);
 }
 
 absl::Status Batcher::SubmitAppend(AppendWork work) {
   work.enqueued = Clock::now();
-  return Enqueue(std::move(work), true, false);
+  return Enqueue(std::move(work), true, false, nullptr);
 }
 
 absl::Status Batcher::SubmitControl(ControlWork work, bool urgent) {
-  return Enqueue(std::move(work), false, urgent);
+  return Enqueue(std::move(work), false, urgent, nullptr);
 }
 
 int64_t Batcher::queue_depth() const {
@@ -150,14 +157,71 @@ void Batcher::Completed(int64_t items) {
   if (idle) outstanding_cv_.notify_all();
 }
 
-bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
-                       std::vector<DecodeWork>* expired) {
-  enum Action : char { kKeep, kTake, kExpire };
+bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* decodes,
+                              std::vector<DecodeWork>* expired, Clock::time_point* wait_until) {
   // Bound the scan so that a long run of same-(sequence, layer) requests cannot make
   // the critical section long.
   const size_t scan_limit = static_cast<size_t>(options_.max_batch_size) * 8;
-  std::vector<Action> actions;
-  absl::flat_hash_set<std::pair<absl::string_view, int32_t>> seen;
+  std::vector<ScanAction>& actions = scan_actions_;
+  absl::flat_hash_set<std::pair<absl::string_view, int32_t>>& seen = scan_seen_;
+  actions.clear();
+  seen.clear();
+  size_t eligible = 0, expiring = 0;
+  bool blocked = false;  // a non-decode entry ends the scan: it keeps its place
+  bool closes = false;   // the last item of a DecodeBatch call is in the batch
+  Clock::time_point oldest = Clock::time_point::max();
+  const size_t window = std::min(queue_.size(), scan_limit);
+  for (size_t i = 0; i < window && eligible < static_cast<size_t>(options_.max_batch_size); ++i) {
+    const DecodeWork* d = std::get_if<DecodeWork>(&queue_[i]);
+    if (d == nullptr) {
+      blocked = true;
+      break;
+    }
+    if (now > d->deadline) {
+      actions.push_back(ScanAction::kExpire);
+      ++expiring;
+    } else if (seen.emplace(d->key, d->request->layer()).second) {
+      actions.push_back(ScanAction::kTake);
+      ++eligible;
+      oldest = std::min(oldest, d->enqueued);
+      closes = closes || d->closes_batch;
+    } else {
+      actions.push_back(ScanAction::kKeep);
+    }
+  }
+  const bool close =
+      eligible >= static_cast<size_t>(options_.max_batch_size) || blocked || draining_ ||
+      stopping_ || actions.size() >= scan_limit ||
+      (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
+      (eligible > 0 && options_.eager && (closes || batches_in_flight_.load() == 0)) ||
+      (eligible == 0 && expiring > 0);
+  if (!close) {
+    *wait_until = oldest + options_.max_queue_delay;
+    return false;
+  }
+  std::vector<Entry> kept;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    switch (actions[i]) {
+      case ScanAction::kTake:
+        decodes->push_back(std::get<DecodeWork>(std::move(queue_[i])));
+        break;
+      case ScanAction::kExpire:
+        expired->push_back(std::get<DecodeWork>(std::move(queue_[i])));
+        break;
+      case ScanAction::kKeep:
+        kept.push_back(std::move(queue_[i]));
+        break;
+    }
+  }
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(actions.size()));
+  queue_.insert(queue_.begin(), std::make_move_iterator(kept.begin()),
+                std::make_move_iterator(kept.end()));
+  limited_in_queue_ -= static_cast<int64_t>(decodes->size() + expired->size());
+  return true;
+}
+
+bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
+                       std::vector<DecodeWork>* expired) {
   std::unique_lock<std::mutex> lock(queue_mu_);
   while (true) {
     if (queue_.empty()) {
@@ -170,64 +234,55 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
       if (urgent_in_front_ > 0) --urgent_in_front_;
       *single = std::make_unique<Entry>(std::move(queue_.front()));
       queue_.pop_front();
+      assembler_holding_ = true;
       return true;
     }
-    const Clock::time_point now = Clock::now();
-    actions.clear();
-    seen.clear();
-    size_t eligible = 0, expiring = 0;
-    bool blocked = false;  // a non-decode entry ends the scan: it keeps its place
-    bool closes = false;   // the last item of a DecodeBatch call is in the batch
-    Clock::time_point oldest = Clock::time_point::max();
-    const size_t window = std::min(queue_.size(), scan_limit);
-    for (size_t i = 0; i < window && eligible < static_cast<size_t>(options_.max_batch_size); ++i) {
-      const DecodeWork* d = std::get_if<DecodeWork>(&queue_[i]);
-      if (d == nullptr) {
-        blocked = true;
-        break;
-      }
-      if (now > d->deadline) {
-        actions.push_back(kExpire);
-        ++expiring;
-      } else if (seen.emplace(d->key, d->request->layer()).second) {
-        actions.push_back(kTake);
-        ++eligible;
-        oldest = std::min(oldest, d->enqueued);
-        closes = closes || d->closes_batch;
-      } else {
-        actions.push_back(kKeep);
-      }
+    Clock::time_point wait_until;
+    if (TakeBatchLocked(Clock::now(), decodes, expired, &wait_until)) {
+      assembler_holding_ = true;
+      return true;
     }
-    const bool close =
-        eligible >= static_cast<size_t>(options_.max_batch_size) || blocked || draining_ ||
-        stopping_ || actions.size() >= scan_limit ||
-        (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
-        (eligible > 0 && options_.eager && (closes || batches_in_flight_.load() == 0)) ||
-        (eligible == 0 && expiring > 0);
-    if (!close) {
-      queue_cv_.wait_until(lock, oldest + options_.max_queue_delay);
-      continue;
-    }
-    std::vector<Entry> kept;
-    for (size_t i = 0; i < actions.size(); ++i) {
-      switch (actions[i]) {
-        case kTake:
-          decodes->push_back(std::get<DecodeWork>(std::move(queue_[i])));
-          break;
-        case kExpire:
-          expired->push_back(std::get<DecodeWork>(std::move(queue_[i])));
-          break;
-        case kKeep:
-          kept.push_back(std::move(queue_[i]));
-          break;
-      }
-    }
-    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(actions.size()));
-    queue_.insert(queue_.begin(), std::make_move_iterator(kept.begin()),
-                  std::make_move_iterator(kept.end()));
-    limited_in_queue_ -= static_cast<int64_t>(decodes->size() + expired->size());
-    return true;
+    queue_cv_.wait_until(lock, wait_until);
   }
+}
+
+bool Batcher::ClaimForSubmitterLocked(SubmitterRun* claim) {
+  if (!options_.run_on_submitter || !options_.eager || stopping_ || claim->batcher_ != nullptr ||
+      queue_.empty() || !std::holds_alternative<DecodeWork>(queue_.front())) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(pipe_mu_);
+  // Idle: no unit runs or waits for the executor thread, and the assembler holds none
+  // (one it took earlier would otherwise run after this later one).
+  if (executor_running_ || assembler_holding_ || !ready_.empty() || free_buffers_.empty()) {
+    return false;
+  }
+  Clock::time_point wait_until;
+  Ready& ready = claim->ready_;
+  if (!TakeBatchLocked(Clock::now(), &ready.decodes, &claim->expired_, &wait_until)) return false;
+  claim->batcher_ = this;  // at least the expired requests are to be answered
+  if (ready.decodes.empty()) return false;
+  ready.buffer = free_buffers_.back();
+  free_buffers_.pop_back();
+  executor_running_ = true;
+  batches_in_flight_.fetch_add(1);
+  return true;
+}
+
+void Batcher::RunClaimed(SubmitterRun* claim) {
+  for (DecodeWork& d : claim->expired_) d.done(Expired());
+  Completed(static_cast<int64_t>(claim->expired_.size()));
+  Ready& ready = claim->ready_;
+  if (ready.buffer < 0) return;
+  for (size_t i = 0; i < ready.decodes.size(); ++i) {
+    staging_[ready.buffer]->FillRow(static_cast<int32_t>(i), *ready.decodes[i].request);
+  }
+  RunReady(ready);
+}
+
+void Batcher::SubmitterRun::Run() {
+  Batcher* batcher = std::exchange(batcher_, nullptr);
+  if (batcher != nullptr) batcher->RunClaimed(this);
 }
 
 void Batcher::AssemblerLoop() {
@@ -269,6 +324,7 @@ void Batcher::AssemblerLoop() {
     {
       std::lock_guard<std::mutex> lock(pipe_mu_);
       if (ready.buffer < 0) free_buffers_.push_back(buffer);
+      assembler_holding_ = false;
       // Nothing waiting and an idle executor thread: there is nothing to overlap, so run
       // the unit here instead of paying a wake-up and a context switch for the
       // hand-over. Only this thread fills ready_, so the executor thread stays idle
@@ -296,7 +352,9 @@ void Batcher::ExecutorLoop() {
     Ready ready;
     {
       std::unique_lock<std::mutex> lock(pipe_mu_);
-      ready_cv_.wait(lock, [&] { return !ready_.empty() || assembler_done_; });
+      ready_cv_.wait(lock, [&] {
+        return (!ready_.empty() && !executor_running_) || (ready_.empty() && assembler_done_);
+      });
       if (ready_.empty()) return;
       ready = std::move(ready_.front());
       ready_.pop_front();
@@ -324,17 +382,27 @@ void Batcher::RunReady(Ready& ready) {
     // of this unit may not have been answered, so say so loudly.
     spdlog::critical("executor: exception escaped a work item: {}", e.what());
   }
+  bool queued_units = false;
   {
     std::lock_guard<std::mutex> lock(pipe_mu_);
     executor_running_ = false;
     if (ready.buffer >= 0) free_buffers_.push_back(ready.buffer);
+    queued_units = !ready_.empty();
   }
+  // A unit handed over while this one ran on a submitting thread waits for this moment.
+  if (queued_units && options_.run_on_submitter) ready_cv_.notify_one();
   if (ready.buffer >= 0) {
     buffer_cv_.notify_one();
     // An eager assembler holding requests waits for this moment.
     if (batches_in_flight_.fetch_sub(1) == 1 && options_.eager) {
-      { std::lock_guard<std::mutex> lock(queue_mu_); }  // no lost wake-up: see TakeWork
-      queue_cv_.notify_one();
+      // Under the lock, so that no wake-up is lost (see TakeWork); an empty queue needs
+      // none: the next submit sees no batch in flight and wakes the assembler itself.
+      bool queued;
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        queued = !queue_.empty();
+      }
+      if (queued) queue_cv_.notify_one();
     }
   }
   Completed(items);
@@ -367,6 +435,9 @@ void Batcher::Stop() {
     assembler_.join();
     executor_thread_.join();
   }
+  // A unit running on a submitting thread still uses the executor and a staging buffer.
+  std::unique_lock<std::mutex> lock(pipe_mu_);
+  buffer_cv_.wait(lock, [&] { return !executor_running_; });
 }
 
 }  // namespace sds::server

@@ -7,6 +7,11 @@
 // staging buffer. The executor runs batches, prefills and control work in queue order.
 // When the executor thread is idle the assembler runs the unit itself (one unit at a
 // time either way): a hand-over then buys no overlap and costs a context switch.
+// With `run_on_submitter` (and `eager`), a decode submitted into an idle batcher (no
+// unit running or handed over, none held by the assembler) is run by the submitting
+// thread itself, with whatever else closes with it: on the CPU backend that saves the
+// assembler's wake-up, and a DecodeStream answer is then written from inside a gRPC
+// reaction. Units still run one at a time, in queue order.
 // A batch holds at most one decode per (sequence, layer); a second one stays queued
 // for a later batch. With `eager`, a batch also closes at once when it holds the last
 // item of a DecodeBatch call (`DecodeWork::closes_batch`: the runner sent its whole
@@ -24,10 +29,13 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "server/executor.h"
 #include "server/staging.h"
 #include "server/work.h"
@@ -39,10 +47,41 @@ struct BatcherOptions {
   std::chrono::microseconds max_queue_delay{500};
   int32_t max_queue_depth = 4096;  // decode and prefill items waiting
   bool eager = false;  // close at once while the executor is idle or on a DecodeBatch's end
+  // With eager: a submitting thread that finds the batcher idle (nothing queued or held
+  // by the assembler, no unit running) runs the batch itself instead of waking the
+  // assembler.
+  bool run_on_submitter = false;
 };
 
 class Batcher {
+ private:
+  using Entry = std::variant<DecodeWork, AppendWork, ControlWork>;
+  struct Ready {  // what the assembler hands to the executor
+    int buffer = -1;
+    std::vector<DecodeWork> decodes;
+    std::unique_ptr<Entry> single;  // an AppendWork or ControlWork
+  };
+
  public:
+  // A batch that a decode's submitter claimed (run_on_submitter), to be run by the
+  // same thread after its own bookkeeping: a DecodeStream starts reading its next
+  // message first, so that pipelined requests queue (and batch) while this one runs.
+  // Run() runs it once; the destructor runs it if Run() was not called.
+  class SubmitterRun {
+   public:
+    SubmitterRun() = default;
+    SubmitterRun(const SubmitterRun&) = delete;
+    SubmitterRun& operator=(const SubmitterRun&) = delete;
+    ~SubmitterRun() { Run(); }
+    void Run();
+
+   private:
+    friend class Batcher;
+    Batcher* batcher_ = nullptr;  // set when there is something to run
+    Ready ready_;
+    std::vector<DecodeWork> expired_;
+  };
+
   // Takes two staging buffers sized for options.max_batch_size.
   Batcher(const BatcherOptions& options, Executor* executor,
           std::vector<std::unique_ptr<StagingBuffer>> staging);
@@ -51,7 +90,9 @@ class Batcher {
   void Start();
   // On error (queue full: RESOURCE_EXHAUSTED; stopped: UNAVAILABLE) nothing was
   // queued and `done` will not be called.
-  absl::Status SubmitDecode(DecodeWork work);
+  // With run_on_submitter and `claim`, the batch may be claimed for this thread: it
+  // runs when the caller runs (or destroys) `claim`. Without `claim` it never is.
+  absl::Status SubmitDecode(DecodeWork work, SubmitterRun* claim = nullptr);
   // Queues several decodes under one lock, in order. Returns one status per item; an
   // item that was queued is moved from (its `done` will run), a refused one is left
   // intact for the caller to answer.
@@ -72,14 +113,9 @@ class Batcher {
   int64_t queue_depth() const;
 
  private:
-  using Entry = std::variant<DecodeWork, AppendWork, ControlWork>;
-  struct Ready {  // what the assembler hands to the executor
-    int buffer = -1;
-    std::vector<DecodeWork> decodes;
-    std::unique_ptr<Entry> single;  // an AppendWork or ControlWork
-  };
-
-  absl::Status Enqueue(Entry entry, bool counts_toward_depth, bool urgent);
+  // `claim`: a decode submission, which may claim the batch for the submitting thread
+  // (BatcherOptions::run_on_submitter); null for others.
+  absl::Status Enqueue(Entry entry, bool counts_toward_depth, bool urgent, SubmitterRun* claim);
   // Requires queue_mu_. Admission check and push; true when the assembler should wake.
   absl::Status PushLocked(Entry& entry, bool counts_toward_depth, bool urgent, bool* wake);
   void AssemblerLoop();
@@ -91,6 +127,17 @@ class Batcher {
   // False when stopping and the queue is empty.
   bool TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
                 std::vector<DecodeWork>* expired);
+  // Requires queue_mu_ and a decode at the front. Takes the batch that may close now
+  // (true), or says until when to wait (false).
+  bool TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* decodes,
+                       std::vector<DecodeWork>* expired, Clock::time_point* wait_until);
+  // Requires queue_mu_ (takes pipe_mu_). True when the submitting thread may run the
+  // batch that closes now: it is taken into `ready` with a staging buffer and the
+  // executor marked running.
+  // Expired requests it took are answered by `claim`'s run as well.
+  bool ClaimForSubmitterLocked(SubmitterRun* claim);
+  // Answers the expired requests, fills the staging rows and runs the batch.
+  void RunClaimed(SubmitterRun* claim);
   void AddOutstanding(int64_t items);
   void Completed(int64_t items);
 
@@ -105,13 +152,20 @@ class Batcher {
   size_t urgent_in_front_ = 0;    // urgent control entries at the front of queue_
   bool draining_ = false;
   bool stopping_ = false;
+  // TakeBatchLocked's scratch, kept for its capacity (guarded by queue_mu_).
+  enum class ScanAction : char { kKeep, kTake, kExpire };
+  std::vector<ScanAction> scan_actions_;
+  absl::flat_hash_set<std::pair<absl::string_view, int32_t>> scan_seen_;
 
   std::mutex pipe_mu_;
   std::condition_variable buffer_cv_;  // the assembler waits for a free staging buffer
   std::condition_variable ready_cv_;   // the executor waits for work
   std::vector<int> free_buffers_;
   std::deque<Ready> ready_;
-  bool executor_running_ = false;  // a unit is running (on either thread)
+  bool executor_running_ = false;  // a unit is running (on any thread)
+  // The assembler took work from the queue and has not yet run or handed it over
+  // (set under queue_mu_, cleared under pipe_mu_; read under both).
+  bool assembler_holding_ = false;
   bool assembler_done_ = false;
   std::atomic<int> batches_in_flight_{0};  // decode batches handed to the executor, not done
 

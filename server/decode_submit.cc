@@ -40,7 +40,8 @@ absl::Status DecodeAdmission::Submit(const std::string& tenant,
                                      const sparse_decode::v1::DecodeRequest* request,
                                      sparse_decode::v1::DecodeResponse* response,
                                      Clock::time_point deadline, std::function<bool()> cancelled,
-                                     std::function<void(const absl::Status&)> done) const {
+                                     std::function<void(const absl::Status&)> done,
+                                     Batcher::SubmitterRun* claim) const {
   DecodeWork work;
   if (absl::Status s = Prepare(tenant, request, response, deadline, std::move(cancelled),
                                std::move(done), &work);
@@ -49,7 +50,7 @@ absl::Status DecodeAdmission::Submit(const std::string& tenant,
   }
   const std::string key = work.key;
   const int32_t layer = request->layer();
-  absl::Status queued = batcher_->SubmitDecode(std::move(work));
+  absl::Status queued = batcher_->SubmitDecode(std::move(work), claim);
   if (!queued.ok()) pending_->Remove(key, layer, 1);
   return queued;
 }

@@ -23,11 +23,13 @@ class DecodeAdmission {
       : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
 
   // On error nothing was queued and `done` will not be called. `request` and
-  // `response` must stay alive until `done` has run.
+  // `response` must stay alive until `done` has run. `claim`: see
+  // Batcher::SubmitDecode.
   absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
                       sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
                       std::function<bool()> cancelled,
-                      std::function<void(const absl::Status&)> done) const;
+                      std::function<void(const absl::Status&)> done,
+                      Batcher::SubmitterRun* claim = nullptr) const;
 
   // The checks of Submit without the queue: on OK `work` is ready for SubmitAll (and
   // counted as pending); on error nothing changed and `done` will not be called.

@@ -41,6 +41,9 @@ ABSL_FLAG(int32_t, max_queue_depth, 4096, "requests waiting before RESOURCE_EXHA
 ABSL_FLAG(bool, eager_batching, false,
           "launch a batch without waiting up to --max_queue_delay_us when the backend is "
           "idle or when a DecodeBatch call's items are all queued (lower latency)");
+ABSL_FLAG(bool, inline_idle_batches, false,
+          "with --eager_batching: the RPC thread that queues work into an idle batcher runs "
+          "that batch itself (no hand-off to the batcher's threads; CPU backend)");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
@@ -135,6 +138,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   opt.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
   opt.eager_batching = absl::GetFlag(FLAGS_eager_batching);
+  opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   opt.auth_token = absl::GetFlag(FLAGS_auth_token);
 
@@ -158,6 +162,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad(absl::StrCat("--page_size (", cache.page_size, ") must be a power of two"));
   }
   if (opt.max_queue_delay_us < 0) return Bad("--max_queue_delay_us must be >= 0");
+  if (opt.inline_idle_batches && !opt.eager_batching) {
+    return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
+  }
   if (opt.backend_config.cpu_threads < 0) return Bad("--cpu_threads must be >= 0");
 
   const std::string mode = absl::GetFlag(FLAGS_scale_mode);

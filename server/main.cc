@@ -136,6 +136,7 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher_options.max_queue_delay = std::chrono::microseconds(opt.max_queue_delay_us);
   batcher_options.max_queue_depth = opt.max_queue_depth;
   batcher_options.eager = opt.eager_batching;
+  batcher_options.run_on_submitter = opt.inline_idle_batches;
   Batcher batcher(batcher_options, executor->get(), std::move(staging));
   batcher.Start();
 

@@ -18,6 +18,7 @@ struct ServerOptions {
   int64_t max_queue_delay_us = 0;
   int32_t max_queue_depth = 0;
   bool eager_batching = false;
+  bool inline_idle_batches = false;
   int32_t drain_timeout_s = 0;
   std::string auth_token;  // empty = no authentication
 };

@@ -183,10 +183,14 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext*
                                                     v1::DecodeResponse* response) {
   return Serve(context, metrics_, "Decode", Admit(*context),
                [&](const std::string& tenant, const Finisher& finish) {
+                 // An idle batcher may leave the batch to this thread
+                 // (--inline_idle_batches): it runs when `run` does.
+                 Batcher::SubmitterRun run;
                  absl::Status s = admission_.Submit(
                      tenant, request, response, DeadlineOf(*context),
-                     [context] { return context->IsCancelled(); }, finish);
-                 if (!s.ok()) finish(s);
+                     [context] { return context->IsCancelled(); }, finish, &run);
+                 if (!s.ok()) return finish(s);
+                 run.Run();
                });
 }
 

@@ -70,6 +70,7 @@ void DecodeStreamReactor::RecycleLocked(std::unique_ptr<Call> call) {
 
 void DecodeStreamReactor::OnReadDone(bool ok) {
   Call* call;
+  bool pipelined;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ok || finished_) {  // half-close or cancellation
@@ -80,22 +81,33 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
     call = reading_.release();  // owned by the batcher until Answer
     call->start = Clock::now();
     ++pending_;
+    // A request that arrives this soon after the last answer was sent was sent before
+    // the client could have read that answer: the client pipelines.
+    pipelined = call->start - last_answer_ < kPipelinedWithin;
   }
   // Queue this request before reading the next one: requests of one stream enter the
   // batcher in the order they were sent (same-(sequence, layer) pipelining relies on it).
-  Submit(call);  // answered UNAVAILABLE when draining
-  std::lock_guard<std::mutex> lock(mu_);
-  if (finished_ || drained_) {
-    reads_done_ = true;
-    MaybeFinishLocked();
-    return;
+  // With --inline_idle_batches an idle batcher may leave the batch to this thread: it
+  // runs here, and the answer is written before the next read starts. Not for a
+  // pipelining client: gRPC hands its next requests to this thread only after this
+  // reaction returns, so they would run one by one; queued instead, they batch.
+  {
+    Batcher::SubmitterRun run;
+    Submit(call, pipelined ? nullptr : &run);  // answered UNAVAILABLE when draining
+    run.Run();                                 // outside mu_: the batch's answers take it
   }
-  if (pending_ + static_cast<int64_t>(writes_.size()) >= kMaxUnanswered) {
-    read_paused_ = true;  // back-pressure: the client reads its answers too slowly
-    spdlog::debug("DecodeStream: paused reading at {} unanswered requests", kMaxUnanswered);
-    return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || drained_) {
+      reads_done_ = true;
+      MaybeFinishLocked();
+    } else if (pending_ + static_cast<int64_t>(writes_.size()) >= kMaxUnanswered) {
+      read_paused_ = true;  // back-pressure: the client reads its answers too slowly
+      spdlog::debug("DecodeStream: paused reading at {} unanswered requests", kMaxUnanswered);
+    } else {
+      StartNextReadLocked();
+    }
   }
-  StartNextReadLocked();
 }
 
 void DecodeStreamReactor::MaybeResumeReadLocked() {
@@ -105,7 +117,7 @@ void DecodeStreamReactor::MaybeResumeReadLocked() {
   StartNextReadLocked();
 }
 
-void DecodeStreamReactor::Submit(Call* call) {
+void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
   absl::Status status;
   try {
     if (env_.draining->load()) {
@@ -114,7 +126,7 @@ void DecodeStreamReactor::Submit(Call* call) {
       status = env_.admission->Submit(
           tenant_, call->request, call->response, DeadlineOf(*context_),
           [this] { return context_->IsCancelled(); },
-          [this, call](const absl::Status& s) { Answer(call, s); });
+          [this, call](const absl::Status& s) { Answer(call, s); }, run);
     }
   } catch (const std::exception& e) {
     spdlog::error("DecodeStream: exception while submitting: {}", e.what());
@@ -141,6 +153,7 @@ void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
 
   std::lock_guard<std::mutex> lock(mu_);
   --pending_;
+  last_answer_ = Clock::now();
   if (!finished_ && !write_failed_) {
     writes_.push_back(std::move(call));
     if (!writing_) {

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -65,7 +66,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
     void CreateMessages();
   };
 
-  void Submit(Call* call);
+  void Submit(Call* call, Batcher::SubmitterRun* run);
   // Takes ownership back from the batcher (or from Submit on a refusal).
   void Answer(Call* call, const absl::Status& status);
   void StartNextReadLocked();                      // requires mu_
@@ -77,6 +78,10 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   // the client has taken half of its answers. Bounds a slow reader's memory.
   static constexpr int64_t kMaxUnanswered = 4096;
   static constexpr size_t kMaxFreeCalls = 8;
+  // A request read this soon after this stream's last answer was sent came in a burst:
+  // no gRPC client reads an answer and sends its next request this fast (on loopback a
+  // round trip takes 50 us or more), so the client pipelines.
+  static constexpr std::chrono::microseconds kPipelinedWithin{25};
 
   grpc::CallbackServerContext* const context_;
   const Env env_;
@@ -92,6 +97,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   bool reads_done_ = false;
   bool read_paused_ = false;
   bool writing_ = false;
+  Clock::time_point last_answer_;  // when the last request was answered
   bool write_failed_ = false;
   bool drained_ = false;
   bool finished_ = false;

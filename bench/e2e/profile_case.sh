@@ -9,7 +9,7 @@
 #   e.g. bash bench/e2e/profile_case.sh build --mode=stream --concurrency=16
 # Knobs (environment): TARGET (server | echo), PERF (stat | record | none),
 #   PERF_ARGS (perf record flags, default -g), DURATION_S (6), OUT (/tmp/sds_profile_case),
-#   SERVER_FLAGS (default --eager_batching), CPU_THREADS (0).
+#   SERVER_FLAGS (default "--eager_batching --inline_idle_batches"), CPU_THREADS (0).
 set -euo pipefail
 BIN=$1
 shift
@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 SHAPE=(--num_layers=2 --num_q_heads=8 --num_kv_heads=2 --head_dim=64)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PORT=$(free_port)
-read -r -a EXTRA <<<"${SERVER_FLAGS---eager_batching}"
+read -r -a EXTRA <<<"${SERVER_FLAGS---eager_batching --inline_idle_batches}"
 if [[ $TARGET == server ]]; then
   "$BIN/server/decode_server" --listen=127.0.0.1:"$PORT" --metrics_listen=127.0.0.1:"$(free_port)" \
     --backend=cpu "${SHAPE[@]}" --page_size=64 --cache_bytes=$((256 * 833 * 2 * 64 * 2 * 2 * 2)) \

@@ -12,7 +12,8 @@
 # Knobs (environment): BACKEND (cpu | cuda), SHAPES ("small seed"), LAYERS (2),
 #   PREFILL (576), DURATION_S (5), WARMUP_S (1), CPU_THREADS (0 = all),
 #   STREAMS ("1 16 256"), BATCHES ("64 256"), OUT_DIR, TIMEOUT_MS, QUEUE_DELAY_US (200),
-#   SERVER_FLAGS (extra decode_server flags; default "--eager_batching", "" for none).
+#   SERVER_FLAGS (extra decode_server flags; default "--eager_batching", plus
+#   "--inline_idle_batches" with BACKEND=cpu; "" for none).
 set -euo pipefail
 
 BIN=${1:-build}
@@ -27,7 +28,9 @@ STREAMS=${STREAMS:-"1 16 256"}
 BATCHES=${BATCHES:-"64 256"}
 TIMEOUT_MS=${TIMEOUT_MS:-10000}
 QUEUE_DELAY_US=${QUEUE_DELAY_US:-200}
-read -r -a EXTRA <<<"${SERVER_FLAGS---eager_batching}"
+DEFAULT_FLAGS="--eager_batching"
+if [[ $BACKEND == cpu ]]; then DEFAULT_FLAGS+=" --inline_idle_batches"; fi
+read -r -a EXTRA <<<"${SERVER_FLAGS-$DEFAULT_FLAGS}"
 OUT_DIR=${OUT_DIR:-$BIN/e2e_bench}
 
 if [[ -x $BIN/decode_server ]]; then

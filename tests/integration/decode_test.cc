@@ -13,10 +13,12 @@
 namespace sds::itest {
 namespace {
 
-// Scale mode, and whether the server batches eagerly (--eager_batching).
+// Scale mode, and whether the server batches eagerly (--eager_batching) and runs a
+// batch on the submitting RPC thread when the batcher is idle (--inline_idle_batches).
 struct DecodeTestParam {
   ScaleMode scale_mode;
   bool eager;
+  bool inline_batches = false;
 };
 
 class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
@@ -26,6 +28,7 @@ class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
     model.scale_mode = GetParam().scale_mode;
     std::vector<std::string> flags = {"--max_batch_size=16", "--max_queue_delay_us=2000"};
     if (GetParam().eager) flags.push_back("--eager_batching");
+    if (GetParam().inline_batches) flags.push_back("--inline_idle_batches");
     harness_ = std::make_unique<Harness>(model, flags);
     ASSERT_TRUE(harness_->ok()) << harness_->error();
   }
@@ -299,11 +302,13 @@ TEST(DecodeStreamBackPressure, SlowReaderGetsEveryAnswer) {
 INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
                          ::testing::Values(DecodeTestParam{ScaleMode::kPerTensor, false},
                                            DecodeTestParam{ScaleMode::kPerTokenHead, false},
-                                           DecodeTestParam{ScaleMode::kPerTensor, true}),
+                                           DecodeTestParam{ScaleMode::kPerTensor, true},
+                                           DecodeTestParam{ScaleMode::kPerTokenHead, true, true}),
                          [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
                            std::string name = info.param.scale_mode == ScaleMode::kPerTensor
                                                   ? "PerTensor"
                                                   : "PerTokenHead";
+                           if (info.param.inline_batches) return name + "EagerInline";
                            return info.param.eager ? name + "Eager" : name;
                          });
 

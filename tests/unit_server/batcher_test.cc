@@ -1,0 +1,299 @@
+// Which thread runs a unit of batcher work (server/batcher.h):
+// - the assembler runs a unit itself only when nothing else is queued, the executor is
+//   idle and the unit is not a prefill; otherwise the executor thread runs it;
+// - with run_on_submitter, a decode submitted into an idle batcher runs on the
+//   submitting thread, and never while another unit runs.
+// The units are real (CPU backend, executor, staging buffers); control work that blocks
+// on a notification holds the assembler or the executor thread where a case needs it.
+#include <pthread.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "server/backend.h"
+#include "server/batcher.h"
+#include "server/executor.h"
+#include "server/metrics.h"
+#include "server/model_shape.h"
+#include "server/staging.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+namespace {
+
+namespace v1 = sparse_decode::v1;
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+std::string ThreadName() {
+  char name[16] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  return name;
+}
+
+// Zero bf16 values: finite, so every request is valid.
+void SetZeros(v1::Tensor* t, const std::vector<int64_t>& shape, int bytes_per_element) {
+  t->set_dtype(bytes_per_element == 2 ? v1::BF16 : v1::INT32);
+  int64_t n = 1;
+  for (int64_t dim : shape) {
+    t->add_shape(dim);
+    n *= dim;
+  }
+  t->set_data(std::string(static_cast<size_t>(n) * bytes_per_element, '\0'));
+}
+
+// Where and how one unit finished.
+struct Record {
+  absl::Notification done;
+  std::string thread;
+  absl::Status status;
+};
+
+class BatcherTest : public ::testing::Test {
+ protected:
+  void Start(bool run_on_submitter) {
+    // One layer, 2 query heads on 1 KV head, D 64; one CPU thread.
+    const BackendConfig config = {.cache = {.num_layers = 1,
+                                            .num_kv_heads = 1,
+                                            .head_dim = 64,
+                                            .page_size = 16,
+                                            .num_pages = 64,
+                                            .scale_mode = ScaleMode::kPerTensor,
+                                            .layer_k_scales = {},
+                                            .layer_v_scales = {}},
+                                  .num_q_heads = 2,
+                                  .max_batch_size = 8,
+                                  .max_topk = 16,
+                                  .cpu_threads = 1};
+    model_ = {1, 2, 1, 64, 16};
+    auto backend = CreateCpuBackend(config);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+    metrics_ = std::make_unique<Metrics>(BuildInfo{});
+    auto executor = Executor::Create(backend_.get(), metrics_.get(), model_);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    executor_ = *std::move(executor);
+    std::vector<std::unique_ptr<StagingBuffer>> staging;
+    for (int i = 0; i < 2; ++i) {
+      auto buffer = StagingBuffer::Create(backend_.get(), model_, config.max_batch_size);
+      ASSERT_TRUE(buffer.ok()) << buffer.status();
+      staging.push_back(*std::move(buffer));
+    }
+    BatcherOptions options;
+    options.max_batch_size = config.max_batch_size;
+    options.max_queue_delay = std::chrono::milliseconds(50);
+    options.eager = true;
+    options.run_on_submitter = run_on_submitter;
+    batcher_ = std::make_unique<Batcher>(options, executor_.get(), std::move(staging));
+    batcher_->Start();
+  }
+
+  void TearDown() override {
+    if (batcher_) batcher_->Stop();
+  }
+
+  // A decode at position 0 of a fresh sequence (attending to itself); it finishes in
+  // the returned record. `deadline_passed`: the queue answers it DEADLINE_EXCEEDED.
+  // `claim`: see Batcher::SubmitDecode.
+  std::shared_ptr<Record> SubmitDecode(const std::string& sequence, bool deadline_passed = false,
+                                       Batcher::SubmitterRun* claim = nullptr) {
+    EXPECT_TRUE(backend_->cache().CreateSequence(sequence, 0).ok());
+    auto request = std::make_shared<v1::DecodeRequest>();
+    auto response = std::make_shared<v1::DecodeResponse>();
+    request->set_sequence_id(sequence);
+    SetZeros(request->mutable_q(), {2, 64}, 2);
+    SetZeros(request->mutable_gate(), {2, 64}, 2);
+    SetZeros(request->mutable_k(), {1, 64}, 2);
+    SetZeros(request->mutable_v(), {1, 64}, 2);
+    SetZeros(request->mutable_indices(), {1}, 4);  // index 0: the new token itself
+    auto record = std::make_shared<Record>();
+    DecodeWork work;
+    work.request = request.get();
+    work.response = response.get();
+    work.key = sequence;
+    if (deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);
+    work.done = [record, request, response](const absl::Status& s) {
+      record->thread = ThreadName();
+      record->status = s;
+      record->done.Notify();
+    };
+    EXPECT_TRUE(batcher_->SubmitDecode(std::move(work), claim).ok());
+    return record;
+  }
+
+  // A prefill of two tokens into a fresh sequence.
+  std::shared_ptr<Record> SubmitPrefill(const std::string& sequence) {
+    EXPECT_TRUE(backend_->cache().CreateSequence(sequence, 0).ok());
+    auto request = std::make_shared<v1::AppendKVRequest>();
+    request->set_sequence_id(sequence);
+    SetZeros(request->mutable_k(), {2, 1, 64}, 2);
+    SetZeros(request->mutable_v(), {2, 1, 64}, 2);
+    auto record = std::make_shared<Record>();
+    AppendWork work;
+    work.request = request.get();
+    work.key = sequence;
+    work.done = [record, request](const absl::StatusOr<int64_t>& length) {
+      record->thread = ThreadName();
+      record->status = length.status();
+      record->done.Notify();
+    };
+    EXPECT_TRUE(batcher_->SubmitAppend(std::move(work)).ok());
+    return record;
+  }
+
+  // Control work that records where it runs, then waits for `release` (if any).
+  std::shared_ptr<Record> SubmitControl(absl::Notification* started = nullptr,
+                                        absl::Notification* release = nullptr) {
+    auto record = std::make_shared<Record>();
+    ControlWork work;
+    work.run = [record, started, release] {
+      record->thread = ThreadName();
+      if (started != nullptr) started->Notify();
+      if (release != nullptr) release->WaitForNotificationWithTimeout(kWait);
+      record->done.Notify();
+    };
+    work.fail = [record](const absl::Status& s) {
+      record->status = s;
+      record->done.Notify();
+    };
+    EXPECT_TRUE(batcher_->SubmitControl(std::move(work)).ok());
+    return record;
+  }
+
+  static void Wait(const std::shared_ptr<Record>& r) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(kWait));
+  }
+
+  // Leaves the executor thread running control work that waits for `release`, the
+  // assembler idle and nothing queued or handed over.
+  void OccupyExecutorThread(absl::Notification* release) {
+    absl::Notification assembler_held, executor_held;
+    absl::Notification let_assembler_go;
+    std::shared_ptr<Record> hold = SubmitControl(&assembler_held, &let_assembler_go);
+    ASSERT_TRUE(assembler_held.WaitForNotificationWithTimeout(kWait));
+    ASSERT_EQ(hold->thread, "sds-assembler");
+    // Queued behind the blocking unit: the executor unit, then a request whose deadline
+    // passed, so that the first is handed over (the queue is not empty) and the second
+    // leaves no unit behind.
+    std::shared_ptr<Record> busy = SubmitControl(&executor_held, release);
+    std::shared_ptr<Record> expired = SubmitDecode("expired", /*deadline_passed=*/true);
+    let_assembler_go.Notify();
+    ASSERT_TRUE(executor_held.WaitForNotificationWithTimeout(kWait));
+    ASSERT_EQ(busy->thread, "sds-executor");
+    Wait(expired);
+    ASSERT_EQ(expired->status.code(), absl::StatusCode::kDeadlineExceeded);
+    Wait(hold);
+  }
+
+  ModelShape model_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Batcher> batcher_;
+};
+
+TEST_F(BatcherTest, IdleBatcherRunsDecodeAndControlOnTheAssembler) {
+  Start(/*run_on_submitter=*/false);
+  std::shared_ptr<Record> decode = SubmitDecode("a");
+  Wait(decode);
+  EXPECT_TRUE(decode->status.ok()) << decode->status;
+  EXPECT_EQ(decode->thread, "sds-assembler");
+  std::shared_ptr<Record> control = SubmitControl();
+  Wait(control);
+  EXPECT_EQ(control->thread, "sds-assembler");
+}
+
+TEST_F(BatcherTest, PrefillAlwaysRunsOnTheExecutorThread) {
+  Start(false);
+  std::shared_ptr<Record> prefill = SubmitPrefill("p");
+  Wait(prefill);
+  EXPECT_TRUE(prefill->status.ok()) << prefill->status;
+  EXPECT_EQ(prefill->thread, "sds-executor");
+}
+
+TEST_F(BatcherTest, WorkStillQueuedSendsTheUnitToTheExecutorThread) {
+  Start(false);
+  absl::Notification held, release;
+  std::shared_ptr<Record> hold = SubmitControl(&held, &release);
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(kWait));
+  // While the assembler is held: a decode, control work that ends its batch, another
+  // decode. Taking the first decode leaves the other two queued.
+  std::shared_ptr<Record> first = SubmitDecode("x");
+  std::shared_ptr<Record> control = SubmitControl();
+  std::shared_ptr<Record> last = SubmitDecode("y");
+  release.Notify();
+  Wait(first);
+  Wait(control);
+  Wait(last);
+  EXPECT_TRUE(first->status.ok()) << first->status;
+  EXPECT_EQ(first->thread, "sds-executor");
+  EXPECT_EQ(control->thread, "sds-executor");  // the last decode was still queued
+  EXPECT_TRUE(last->status.ok()) << last->status;
+}
+
+TEST_F(BatcherTest, BusyExecutorThreadGetsTheUnit) {
+  Start(false);
+  absl::Notification release;
+  OccupyExecutorThread(&release);
+  // Nothing queued, nothing handed over, but a unit runs: the decode must wait for it
+  // on the executor thread, not run beside it on the assembler.
+  std::shared_ptr<Record> decode = SubmitDecode("z");
+  EXPECT_FALSE(decode->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  release.Notify();
+  Wait(decode);
+  EXPECT_TRUE(decode->status.ok()) << decode->status;
+  EXPECT_EQ(decode->thread, "sds-executor");
+}
+
+TEST_F(BatcherTest, RunOnSubmitterRunsAnIdleBatchOnTheCallingThread) {
+  Start(/*run_on_submitter=*/true);
+  std::shared_ptr<Record> decode;
+  std::thread submitter([&] {
+    pthread_setname_np(pthread_self(), "test-submitter");
+    Batcher::SubmitterRun run;
+    decode = SubmitDecode("s", false, &run);
+    // Claimed: it runs when the submitter runs it, and is answered then.
+    EXPECT_FALSE(decode->done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+    run.Run();
+    EXPECT_TRUE(decode->done.HasBeenNotified());
+  });
+  submitter.join();
+  Wait(decode);
+  EXPECT_TRUE(decode->status.ok()) << decode->status;
+  EXPECT_EQ(decode->thread, "test-submitter");
+  // Without a claim, or for prefills and control work, the submitter never runs it.
+  std::shared_ptr<Record> unclaimed = SubmitDecode("u");
+  Wait(unclaimed);
+  EXPECT_EQ(unclaimed->thread, "sds-assembler");
+  std::shared_ptr<Record> prefill = SubmitPrefill("sp");
+  Wait(prefill);
+  EXPECT_EQ(prefill->thread, "sds-executor");
+}
+
+TEST_F(BatcherTest, RunOnSubmitterNeverRunsBesideAnotherUnit) {
+  Start(true);
+  absl::Notification release;
+  OccupyExecutorThread(&release);
+  std::shared_ptr<Record> decode;
+  std::thread submitter([&] {
+    pthread_setname_np(pthread_self(), "test-submitter");
+    Batcher::SubmitterRun run;
+    decode = SubmitDecode("t", false, &run);
+    run.Run();  // nothing was claimed
+  });
+  submitter.join();
+  EXPECT_FALSE(decode->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  release.Notify();
+  Wait(decode);
+  EXPECT_TRUE(decode->status.ok()) << decode->status;
+  EXPECT_EQ(decode->thread, "sds-executor");
+}
+
+}  // namespace
+}  // namespace sds::server
