@@ -1,5 +1,6 @@
 #include "server/stream_reactor.h"
 
+#include <algorithm>
 #include <exception>
 
 #include "server/rpc_util.h"
@@ -60,6 +61,7 @@ void DecodeStreamReactor::StartNextReadLocked() {
     free_calls_.pop_back();
   }
   StartRead(reading_->request);
+  read_started_ = Clock::now();  // under mu_: OnReadDone cannot run before this is set
 }
 
 void DecodeStreamReactor::RecycleLocked(std::unique_ptr<Call> call) {
@@ -81,16 +83,29 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
     call = reading_.release();  // owned by the batcher until Answer
     call->start = Clock::now();
     ++pending_;
-    // A request that arrives this soon after the last answer was sent was sent before
-    // the client could have read that answer: the client pipelines.
-    pipelined = call->start - last_answer_ < kPipelinedWithin;
+    // A request that arrives this soon after the last answer was sent, and after the
+    // read for it was started, was sent before the client could have read that answer:
+    // the client pipelines. Measured from the later of the two, so that the rest of
+    // this stream's own reaction (answering, writing, starting the read) does not count:
+    // a buffered message then completes its read within a few microseconds. Sticky:
+    // once seen, the stream never runs a batch inline again. It is still timing (a
+    // loaded host can stretch a gap), so one short gap must be enough; deciding per
+    // request left a pipelining stream running inline one request at a time, never
+    // batched, whenever every gap happened to be long (2 of 25 Debug runs of
+    // DecodeStreamPipelinesAndMatches/PerTokenHeadEagerInline, 3 of 3 under TSAN).
+    const Clock::time_point since = std::max(last_answer_, read_started_);
+    pipelining_ = pipelining_ || call->start - since < kPipelinedWithin;
+    pipelined = pipelining_;
   }
   // Queue this request before reading the next one: requests of one stream enter the
   // batcher in the order they were sent (same-(sequence, layer) pipelining relies on it).
   // With --inline_idle_batches an idle batcher may leave the batch to this thread: it
   // runs here, and the answer is written before the next read starts. Not for a
-  // pipelining client: gRPC hands its next requests to this thread only after this
-  // reaction returns, so they would run one by one; queued instead, they batch.
+  // pipelining client: gRPC (1.51) delivers the next OnReadDone of this call only after
+  // this reaction returns (the completion is queued on this thread's callback exec
+  // context), even when StartRead is issued before the run and the message is already
+  // buffered; an attempt that started the read first lost all batching. So its requests
+  // would run one by one, each into an idle batcher; queued instead, they batch.
   {
     Batcher::SubmitterRun run;
     Submit(call, pipelined ? nullptr : &run);  // answered UNAVAILABLE when draining
