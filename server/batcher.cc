@@ -22,6 +22,19 @@ absl::Status Stopped() {
   return absl::UnavailableError("server is draining: the request was not run");
 }
 
+// Answers requests that were taken from the queue but not run. A `done` that throws is
+// a bug; it is logged and the others are still answered.
+void AnswerAll(std::vector<DecodeWork>& works, const absl::Status& status) {
+  for (DecodeWork& d : works) {
+    try {
+      d.done(status);
+    } catch (const std::exception& e) {
+      spdlog::critical("batcher: exception from the completion of request {} of '{}': {}",
+                       d.request->request_id(), d.key, e.what());
+    }
+  }
+}
+
 void FailEntry(std::variant<DecodeWork, AppendWork, ControlWork>& entry,
                const absl::Status& status) {
   if (auto* d = std::get_if<DecodeWork>(&entry)) d->done(status);
@@ -84,14 +97,37 @@ absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     status = PushLocked(entry, counts_toward_depth, urgent, &wake);
-    claimed = claim != nullptr && status.ok() && ClaimForSubmitterLocked(claim);
+    claimed = claim != nullptr && status.ok() && TryClaimLocked(claim);
   }
   if (!status.ok()) {
     Completed(1);
     return status;
   }
-  if (wake && !claimed) queue_cv_.notify_one();
+  // A claim may leave work queued (a second decode of a (sequence, layer), more than a
+  // batch): the assembler must see it, as it would have without the claim.
+  if (claimed ? QueueNonEmpty() : wake) queue_cv_.notify_one();
   return absl::OkStatus();
+}
+
+bool Batcher::QueueNonEmpty() const {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  return !queue_.empty();
+}
+
+bool Batcher::TryClaimLocked(SubmitterRun* claim) {
+  // The entry is queued: from here nothing may throw, or the caller would answer a
+  // request that the batcher answers as well. A claim that fails to allocate changed
+  // nothing (TakeBatchLocked allocates before it moves entries); the work stays queued
+  // for the assembler.
+  try {
+    return ClaimForSubmitterLocked(claim);
+  } catch (const std::exception& e) {
+    spdlog::error(
+        "batcher: claiming a batch for the submitting thread failed ({}); it "
+        "stays queued for the assembler",
+        e.what());
+    return false;
+  }
 }
 
 void Batcher::AddOutstanding(int64_t items) {
@@ -119,11 +155,17 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
         (*works)[i] = std::get<DecodeWork>(std::move(entry));  // refused: hand it back
       }
     }
-    claimed = queued > 0 && ClaimForSubmitterLocked(&claim);
+    claimed = queued > 0 && TryClaimLocked(&claim);
   }
   Completed(static_cast<int64_t>(works->size()) - queued);  // the refused ones
-  if (wake && !claimed) queue_cv_.notify_one();
-  claim.Run();
+  if (claimed ? QueueNonEmpty() : wake) queue_cv_.notify_one();
+  // The queued items belong to the batcher now: an exception here must not reach the
+  // caller, which would answer the call while its items are still being answered.
+  try {
+    claim.Run();
+  } catch (const std::exception& e) {
+    spdlog::critical("batcher: exception while running a claimed batch: {}", e.what());
+  }
   return status;
 }
 
@@ -199,24 +241,24 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
     *wait_until = oldest + options_.max_queue_delay;
     return false;
   }
-  std::vector<Entry> kept;
+  // Allocate first: once entries leave the queue nothing may throw, or they would be lost.
+  decodes->reserve(decodes->size() + eligible);
+  expired->reserve(expired->size() + expiring);
   for (size_t i = 0; i < actions.size(); ++i) {
-    switch (actions[i]) {
-      case ScanAction::kTake:
-        decodes->push_back(std::get<DecodeWork>(std::move(queue_[i])));
-        break;
-      case ScanAction::kExpire:
-        expired->push_back(std::get<DecodeWork>(std::move(queue_[i])));
-        break;
-      case ScanAction::kKeep:
-        kept.push_back(std::move(queue_[i]));
-        break;
+    if (actions[i] == ScanAction::kTake) {
+      decodes->push_back(std::get<DecodeWork>(std::move(queue_[i])));
+    } else if (actions[i] == ScanAction::kExpire) {
+      expired->push_back(std::get<DecodeWork>(std::move(queue_[i])));
     }
   }
-  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(actions.size()));
-  queue_.insert(queue_.begin(), std::make_move_iterator(kept.begin()),
-                std::make_move_iterator(kept.end()));
-  limited_in_queue_ -= static_cast<int64_t>(decodes->size() + expired->size());
+  // Kept entries close up, in order, at the end of the scanned range; the rest goes.
+  size_t to = actions.size();
+  for (size_t i = actions.size(); i-- > 0;) {
+    if (actions[i] != ScanAction::kKeep) continue;
+    if (--to != i) queue_[to] = std::move(queue_[i]);
+  }
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(to));
+  limited_in_queue_ -= static_cast<int64_t>(eligible + expiring);
   return true;
 }
 
@@ -270,19 +312,37 @@ bool Batcher::ClaimForSubmitterLocked(SubmitterRun* claim) {
 }
 
 void Batcher::RunClaimed(SubmitterRun* claim) {
-  for (DecodeWork& d : claim->expired_) d.done(Expired());
+  AnswerAll(claim->expired_, Expired());
   Completed(static_cast<int64_t>(claim->expired_.size()));
+  claim->expired_.clear();
   Ready& ready = claim->ready_;
   if (ready.buffer < 0) return;
-  for (size_t i = 0; i < ready.decodes.size(); ++i) {
-    staging_[ready.buffer]->FillRow(static_cast<int32_t>(i), *ready.decodes[i].request);
+  bool filled = false;
+  try {
+    for (size_t i = 0; i < ready.decodes.size(); ++i) {
+      staging_[ready.buffer]->FillRow(static_cast<int32_t>(i), *ready.decodes[i].request);
+    }
+    filled = true;
+  } catch (const std::exception& e) {
+    spdlog::critical("batcher: exception while staging a claimed batch of {}: {}",
+                     ready.decodes.size(), e.what());
   }
-  RunReady(ready);
+  if (filled) {
+    RunReady(ready);  // catches, then releases the unit
+    return;
+  }
+  // Not run: answer its requests, then release the unit (executor_running_, the staging
+  // buffer) as RunReady would, so that the batcher does not wedge.
+  AnswerAll(ready.decodes, absl::InternalError("internal error while staging the batch; "
+                                               "it was not run"));
+  ReleaseUnit(ready, static_cast<int64_t>(ready.decodes.size()));
 }
 
 void Batcher::SubmitterRun::Run() {
   Batcher* batcher = std::exchange(batcher_, nullptr);
   if (batcher != nullptr) batcher->RunClaimed(this);
+  ready_ = Ready();  // fresh: a SubmitterRun may claim again after it ran
+  expired_.clear();
 }
 
 void Batcher::AssemblerLoop() {
@@ -382,6 +442,10 @@ void Batcher::RunReady(Ready& ready) {
     // of this unit may not have been answered, so say so loudly.
     spdlog::critical("executor: exception escaped a work item: {}", e.what());
   }
+  ReleaseUnit(ready, items);
+}
+
+void Batcher::ReleaseUnit(Ready& ready, int64_t items) {
   bool queued_units = false;
   {
     std::lock_guard<std::mutex> lock(pipe_mu_);

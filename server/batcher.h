@@ -123,6 +123,12 @@ class Batcher {
   // Runs one unit (on the executor thread, or on the assembler's while the executor
   // thread is idle), then frees its staging buffer and accounts for it.
   void RunReady(Ready& ready);
+  // The end of every unit, run or not: executor_running_ cleared, the staging buffer
+  // freed, waiters woken, `items` accounted as completed.
+  void ReleaseUnit(Ready& ready, int64_t items);
+  // ClaimForSubmitterLocked that never throws: false (the work stays queued) on error.
+  bool TryClaimLocked(SubmitterRun* claim);
+  bool QueueNonEmpty() const;
   // Waits until a batch may close, then takes it (or one non-decode entry).
   // False when stopping and the queue is empty.
   bool TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,

@@ -190,7 +190,14 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext*
                      tenant, request, response, DeadlineOf(*context),
                      [context] { return context->IsCancelled(); }, finish, &run);
                  if (!s.ok()) return finish(s);
-                 run.Run();
+                 // The request is queued and `finish` belongs to it now: an exception
+                 // reaching Serve would finish the call a second time.
+                 try {
+                   run.Run();
+                 } catch (const std::exception& e) {
+                   spdlog::critical("Decode: exception while running a claimed batch: {}",
+                                    e.what());
+                 }
                });
 }
 

@@ -109,7 +109,19 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
   {
     Batcher::SubmitterRun run;
     Submit(call, pipelined ? nullptr : &run);  // answered UNAVAILABLE when draining
-    run.Run();                                 // outside mu_: the batch's answers take it
+    try {
+      run.Run();  // outside mu_: the batch's answers take it
+    } catch (const std::exception& e) {
+      // The batcher answers its items even when a batch fails; this is a bug. No
+      // exception may leave a reaction: stop reading and end the stream with INTERNAL
+      // once the requests already read are answered.
+      spdlog::critical("DecodeStream: exception while running a claimed batch: {}", e.what());
+      std::lock_guard<std::mutex> lock(mu_);
+      internal_error_ = true;
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,7 +132,14 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
       read_paused_ = true;  // back-pressure: the client reads its answers too slowly
       spdlog::debug("DecodeStream: paused reading at {} unanswered requests", kMaxUnanswered);
     } else {
-      StartNextReadLocked();
+      try {
+        StartNextReadLocked();
+      } catch (const std::exception& e) {  // bad_alloc for the next message's arena
+        spdlog::error("DecodeStream: cannot start the next read: {}", e.what());
+        internal_error_ = true;
+        reads_done_ = true;
+        MaybeFinishLocked();
+      }
     }
   }
 }
@@ -209,7 +228,9 @@ void DecodeStreamReactor::Drain() {
 void DecodeStreamReactor::MaybeFinishLocked() {
   if (finished_ || !reads_done_ || pending_ > 0 || writing_) return;
   finished_ = true;
-  if (drained_) {
+  if (internal_error_) {
+    Finish(grpc::Status(grpc::StatusCode::INTERNAL, "internal error while running a batch"));
+  } else if (drained_) {
     Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is draining"));
   } else {
     Finish(grpc::Status::OK);

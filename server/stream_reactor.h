@@ -103,6 +103,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   bool pipelining_ = false;         // a request came within kPipelinedWithin (see OnReadDone)
   bool write_failed_ = false;
   bool drained_ = false;
+  bool internal_error_ = false;  // a bug was caught: finish with INTERNAL
   bool finished_ = false;
 };
 

@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -293,6 +294,46 @@ TEST_F(BatcherTest, RunOnSubmitterNeverRunsBesideAnotherUnit) {
   Wait(decode);
   EXPECT_TRUE(decode->status.ok()) << decode->status;
   EXPECT_EQ(decode->thread, "sds-executor");
+}
+
+// A completion that throws while a claimed batch is answered (a bug elsewhere) is
+// logged; the batch still runs and the batcher still takes work: the claimed unit
+// always gives back its staging buffer and the "a unit runs" mark.
+TEST_F(BatcherTest, ThrowingCompletionInAClaimedBatchDoesNotWedgeTheBatcher) {
+  Start(true);
+  ASSERT_TRUE(backend_->cache().CreateSequence("g", 0).ok());
+  auto request = std::make_shared<v1::DecodeRequest>();
+  auto response = std::make_shared<v1::DecodeResponse>();
+  request->set_sequence_id("g");
+  SetZeros(request->mutable_q(), {2, 64}, 2);
+  SetZeros(request->mutable_gate(), {2, 64}, 2);
+  SetZeros(request->mutable_k(), {1, 64}, 2);
+  SetZeros(request->mutable_v(), {1, 64}, 2);
+  SetZeros(request->mutable_indices(), {1}, 4);
+  std::vector<DecodeWork> works(2);
+  works[0].request = request.get();  // expired: answered first, and its `done` throws
+  works[0].key = "expired";
+  works[0].deadline = Clock::now() - std::chrono::seconds(1);
+  works[0].done = [](const absl::Status&) { throw std::runtime_error("injected"); };
+  auto good = std::make_shared<Record>();
+  works[1].request = request.get();
+  works[1].response = response.get();
+  works[1].key = "g";
+  works[1].done = [good](const absl::Status& s) {
+    good->thread = ThreadName();
+    good->status = s;
+    good->done.Notify();
+  };
+  // One lock for both, then the claim: the submitting thread answers and runs them.
+  std::vector<absl::Status> queued = batcher_->SubmitDecodes(&works);
+  ASSERT_EQ(queued.size(), 2u);
+  EXPECT_TRUE(queued[0].ok() && queued[1].ok());
+  Wait(good);
+  EXPECT_TRUE(good->status.ok()) << good->status;
+  std::shared_ptr<Record> after = SubmitDecode("after");
+  Wait(after);
+  EXPECT_TRUE(after->status.ok()) << after->status;
+  EXPECT_TRUE(batcher_->Drain(Clock::now() + std::chrono::seconds(5)));
 }
 
 }  // namespace
