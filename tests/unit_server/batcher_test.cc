@@ -104,27 +104,52 @@ class BatcherTest : public ::testing::Test {
   // `claim`: see Batcher::SubmitDecode.
   std::shared_ptr<Record> SubmitDecode(const std::string& sequence, bool deadline_passed = false,
                                        Batcher::SubmitterRun* claim = nullptr) {
-    EXPECT_TRUE(backend_->cache().CreateSequence(sequence, 0).ok());
+    return SubmitDecodeAt(
+        {.sequence = sequence, .deadline_passed = deadline_passed, .claim = claim});
+  }
+
+  struct DecodeSpec {
+    std::string sequence;
+    int64_t position = 0;  // 0 creates the sequence
+    bool deadline_passed = false;
+    Batcher::SubmitterRun* claim = nullptr;
+    // When set, `done` notifies `entered`, then waits for `release` before it returns:
+    // it holds the thread that answers it.
+    absl::Notification* entered = nullptr;
+    absl::Notification* release = nullptr;
+  };
+
+  // A decode at `position` of `sequence`, attending to the new token only.
+  std::shared_ptr<Record> SubmitDecodeAt(const DecodeSpec& spec) {
+    if (spec.position == 0) {
+      EXPECT_TRUE(backend_->cache().CreateSequence(spec.sequence, 0).ok());
+    }
     auto request = std::make_shared<v1::DecodeRequest>();
     auto response = std::make_shared<v1::DecodeResponse>();
-    request->set_sequence_id(sequence);
+    request->set_sequence_id(spec.sequence);
+    request->set_position(spec.position);
     SetZeros(request->mutable_q(), {2, 64}, 2);
     SetZeros(request->mutable_gate(), {2, 64}, 2);
     SetZeros(request->mutable_k(), {1, 64}, 2);
     SetZeros(request->mutable_v(), {1, 64}, 2);
-    SetZeros(request->mutable_indices(), {1}, 4);  // index 0: the new token itself
+    SetZeros(request->mutable_indices(), {1}, 4);
+    request->mutable_indices()->set_data(
+        std::string(reinterpret_cast<const char*>(&spec.position), 4));  // little-endian
     auto record = std::make_shared<Record>();
     DecodeWork work;
     work.request = request.get();
     work.response = response.get();
-    work.key = sequence;
-    if (deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);
-    work.done = [record, request, response](const absl::Status& s) {
+    work.key = spec.sequence;
+    if (spec.deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);
+    work.done = [record, request, response, entered = spec.entered,
+                 release = spec.release](const absl::Status& s) {
       record->thread = ThreadName();
       record->status = s;
+      if (entered != nullptr) entered->Notify();
+      if (release != nullptr) release->WaitForNotificationWithTimeout(kWait);
       record->done.Notify();
     };
-    EXPECT_TRUE(batcher_->SubmitDecode(std::move(work), claim).ok());
+    EXPECT_TRUE(batcher_->SubmitDecode(std::move(work), spec.claim).ok());
     return record;
   }
 
@@ -294,6 +319,80 @@ TEST_F(BatcherTest, RunOnSubmitterNeverRunsBesideAnotherUnit) {
   Wait(decode);
   EXPECT_TRUE(decode->status.ok()) << decode->status;
   EXPECT_EQ(decode->thread, "sds-executor");
+}
+
+// Work submitted while a claimed batch waits for its submitter to run it waits too: it
+// runs after the claimed unit, never beside it (one unit at a time, on any thread).
+TEST_F(BatcherTest, WorkSubmittedAfterAClaimWaitsForTheClaimedUnit) {
+  Start(true);
+  absl::Notification claimed, go;
+  std::shared_ptr<Record> first;
+  std::thread submitter([&] {
+    pthread_setname_np(pthread_self(), "test-submitter");
+    Batcher::SubmitterRun run;
+    first = SubmitDecode("c", false, &run);
+    claimed.Notify();
+    go.WaitForNotificationWithTimeout(kWait);
+    run.Run();
+  });
+  ASSERT_TRUE(claimed.WaitForNotificationWithTimeout(kWait));
+  // Control work first (the assembler hands it over at once), then a decode.
+  std::shared_ptr<Record> control = SubmitControl();
+  std::shared_ptr<Record> later = SubmitDecode("d");
+  EXPECT_FALSE(control->done.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "control work ran on " << control->thread << " while a claimed batch was pending";
+  EXPECT_FALSE(later->done.HasBeenNotified());
+  EXPECT_FALSE(first->done.HasBeenNotified()) << "the batch was not claimed";
+  go.Notify();
+  submitter.join();
+  Wait(first);
+  Wait(control);
+  Wait(later);
+  EXPECT_TRUE(first->status.ok()) << first->status;
+  EXPECT_EQ(first->thread, "test-submitter");
+  EXPECT_EQ(control->thread, "sds-executor");
+  EXPECT_TRUE(later->status.ok()) << later->status;
+}
+
+// While the assembler holds a batch it took (here: answering an expired request taken
+// with it), a submitter may not claim: a later decode of the same (sequence, layer)
+// would run before the one the assembler holds.
+TEST_F(BatcherTest, NoClaimWhileTheAssemblerHoldsABatch) {
+  Start(true);
+  // Hold the assembler in a unit, so that the next two decodes are taken together.
+  absl::Notification held, release_control;
+  std::shared_ptr<Record> hold = SubmitControl(&held, &release_control);
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(kWait));
+  absl::Notification answering_expired, release_expired;
+  std::shared_ptr<Record> expired = SubmitDecodeAt({.sequence = "e",
+                                                    .deadline_passed = true,
+                                                    .entered = &answering_expired,
+                                                    .release = &release_expired});
+  std::shared_ptr<Record> at0 = SubmitDecodeAt({.sequence = "o"});
+  release_control.Notify();
+  ASSERT_TRUE(answering_expired.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(expired->thread, "sds-assembler");
+  // The assembler now holds the batch with position 0 of "o".
+  std::shared_ptr<Record> at1;
+  std::thread submitter([&] {
+    pthread_setname_np(pthread_self(), "test-submitter");
+    Batcher::SubmitterRun run;
+    at1 = SubmitDecodeAt({.sequence = "o", .position = 1, .claim = &run});
+    run.Run();
+  });
+  submitter.join();
+  EXPECT_FALSE(at1->done.HasBeenNotified())
+      << "position 1 ran on " << at1->thread << " (" << at1->status
+      << ") while the assembler held position 0";
+  release_expired.Notify();
+  Wait(hold);
+  Wait(expired);
+  Wait(at0);
+  Wait(at1);
+  EXPECT_EQ(expired->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(at0->status.ok()) << at0->status;
+  EXPECT_TRUE(at1->status.ok()) << at1->status;
+  EXPECT_NE(at1->thread, "test-submitter");
 }
 
 // A completion that throws while a claimed batch is answered (a bug elsewhere) is
