@@ -105,6 +105,15 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   auto backend_or = CreateBackend(opt.backend, opt.backend_config);
   if (!backend_or.ok()) return Fail(absl::StrCat("backend: ", backend_or.status().ToString()));
   std::unique_ptr<Backend> backend = *std::move(backend_or);
+  if (opt.inline_idle_batches && backend->name() != "cpu") {
+    // Accepted, for experiments: but a gRPC thread then waits on the device for the
+    // whole batch, and on the H200 one stream showed no gain (bench/RESULTS.md).
+    spdlog::warn(
+        "--inline_idle_batches with the {} backend: idle batches run on gRPC threads, "
+        "which then wait on the device; it is meant for --backend=cpu (no gain measured on "
+        "the H200 at one stream)",
+        backend->name());
+  }
 
   ModelShape model;
   model.num_layers = cache_config.num_layers;
