@@ -64,9 +64,12 @@ class Batcher {
 
  public:
   // A batch that a decode's submitter claimed (run_on_submitter), to be run by the
-  // same thread after its own bookkeeping: a DecodeStream starts reading its next
-  // message first, so that pipelined requests queue (and batch) while this one runs.
-  // Run() runs it once; the destructor runs it if Run() was not called.
+  // same thread after its own bookkeeping. Until it has run, every other unit waits
+  // (one unit at a time). A DecodeStream runs it before starting its next read: gRPC
+  // would deliver that read only after the reaction returns anyway, so a pipelining
+  // stream is instead kept from claiming (stream_reactor.cc). Run() runs it once and
+  // leaves the claim fresh; the destructor runs it if Run() was not called. Run() does
+  // not throw: a failing completion or staging copy is logged and the unit released.
   class SubmitterRun {
    public:
     SubmitterRun() = default;

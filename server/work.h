@@ -1,7 +1,10 @@
 // Units of work that travel from the RPC handlers through the batcher to the executor.
 // A work item's request and response live in the RPC's reactor until `done` runs;
-// `done` is called exactly once, from the executor (or the submitting thread when the
-// item never ran), and must not block.
+// `done` is called exactly once and must not block: from whichever thread runs the
+// item's unit (the executor thread, the assembler's, or with --inline_idle_batches the
+// submitting RPC thread), from the assembler or a claiming submitter for an item whose
+// deadline passed in the queue, or from the thread that calls Batcher::Stop for an item
+// still queued. (A refused submission is answered by its caller.)
 #pragma once
 
 #include <chrono>
