@@ -1,6 +1,5 @@
 #include "server/stream_reactor.h"
 
-#include <algorithm>
 #include <exception>
 
 #include "server/rpc_util.h"
@@ -61,7 +60,6 @@ void DecodeStreamReactor::StartNextReadLocked() {
     free_calls_.pop_back();
   }
   StartRead(reading_->request);
-  read_started_ = Clock::now();  // under mu_: OnReadDone cannot run before this is set
 }
 
 void DecodeStreamReactor::RecycleLocked(std::unique_ptr<Call> call) {
@@ -71,6 +69,7 @@ void DecodeStreamReactor::RecycleLocked(std::unique_ptr<Call> call) {
 }
 
 void DecodeStreamReactor::OnReadDone(bool ok) {
+  const Clock::time_point read_done = Clock::now();  // before the lock: see below
   Call* call;
   bool pipelined;
   {
@@ -81,20 +80,20 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
       return;
     }
     call = reading_.release();  // owned by the batcher until Answer
-    call->start = Clock::now();
+    call->start = read_done;
     ++pending_;
-    // A request that arrives this soon after the last answer was sent, and after the
-    // read for it was started, was sent before the client could have read that answer:
-    // the client pipelines. Measured from the later of the two, so that the rest of
-    // this stream's own reaction (answering, writing, starting the read) does not count:
-    // a buffered message then completes its read within a few microseconds. Sticky:
-    // once seen, the stream never runs a batch inline again. It is still timing (a
-    // loaded host can stretch a gap), so one short gap must be enough; deciding per
-    // request left a pipelining stream running inline one request at a time, never
-    // batched, whenever every gap happened to be long (2 of 25 Debug runs of
-    // DecodeStreamPipelinesAndMatches/PerTokenHeadEagerInline, 3 of 3 under TSAN).
-    const Clock::time_point since = std::max(last_answer_, read_started_);
-    pipelining_ = pipelining_ || call->start - since < kPipelinedWithin;
+    // A request that arrives this soon after the last answer was sent was sent before
+    // the client could have read that answer: the client pipelines. Only the answer can
+    // anchor this: a client that waits for each answer may reply before this thread has
+    // even started the next read (the answer goes out mid-reaction), so "soon after the
+    // read started" or "after the write completed" also catches waiting clients (with
+    // either anchor a one-stream ping-pong load was judged pipelining for 99% of its
+    // requests and lost the inline run). Sticky: once seen, the stream never runs a
+    // batch inline again; the gap is timing (a slow or loaded host stretches it), so
+    // one short gap must be enough. Deciding per request left a pipelining stream
+    // running inline one request at a time, never batched, whenever every gap happened
+    // to be long. The clock is read before the lock, which is not part of the gap.
+    pipelining_ = pipelining_ || read_done - last_answer_ < kPipelinedWithin;
     pipelined = pipelining_;
   }
   // Queue this request before reading the next one: requests of one stream enter the

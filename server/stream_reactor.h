@@ -78,8 +78,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   // the client has taken half of its answers. Bounds a slow reader's memory.
   static constexpr int64_t kMaxUnanswered = 4096;
   static constexpr size_t kMaxFreeCalls = 8;
-  // A request read this soon after this stream's last answer was sent (and after its
-  // read was started) came in a burst:
+  // A request read this soon after this stream's last answer was sent came in a burst:
   // no gRPC client reads an answer and sends its next request this fast (on loopback a
   // round trip takes 50 us or more), so the client pipelines (sticky for the stream).
   static constexpr std::chrono::microseconds kPipelinedWithin{25};
@@ -98,9 +97,8 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   bool reads_done_ = false;
   bool read_paused_ = false;
   bool writing_ = false;
-  Clock::time_point last_answer_;   // when the last request was answered
-  Clock::time_point read_started_;  // when the current read was started
-  bool pipelining_ = false;         // a request came within kPipelinedWithin (see OnReadDone)
+  Clock::time_point last_answer_;  // when the last request was answered
+  bool pipelining_ = false;        // a request came within kPipelinedWithin (see OnReadDone)
   bool write_failed_ = false;
   bool drained_ = false;
   bool internal_error_ = false;  // a bug was caught: finish with INTERNAL

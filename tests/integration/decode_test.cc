@@ -6,6 +6,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
@@ -121,9 +122,7 @@ TEST_P(DecodeTest, DecodeStreamPipelinesAndMatches) {
   // Ten positions per (sequence, layer), all written before any answer is read: the
   // server must keep reading and keep same-(sequence, layer) requests in order.
   std::map<uint64_t, v1::DecodeRequest> sent;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto stream = h.stub().DecodeStream(&context);
+  std::vector<const v1::DecodeRequest*> order;
   uint64_t id = 1;
   for (int step = 0; step < 10; ++step) {
     for (const std::string& s : seqs) {
@@ -131,11 +130,20 @@ TEST_P(DecodeTest, DecodeStreamPipelinesAndMatches) {
         v1::DecodeRequest r =
             RandomDecode(gen, h.model(), s, layer, 18 + step, 12, step % 2 == 1, id++);
         h.mirror().WriteDecodeToken(r);  // tokens only ever grow: write in send order
-        sent[r.request_id()] = r;
-        ASSERT_TRUE(stream->Write(r));
+        const uint64_t request_id = r.request_id();
+        order.push_back(&(sent[request_id] = std::move(r)));
       }
     }
   }
+  // Built first, then written back to back: a burst, as a pipelining client sends it.
+  // (Built between writes, each request took this client longer than an idle server
+  // needs to answer one, so the server rightly saw a client that did not get ahead:
+  // with --inline_idle_batches it then ran them inline, and "never batched" failed
+  // about 1 run in 60.)
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = h.stub().DecodeStream(&context);
+  for (const v1::DecodeRequest* r : order) ASSERT_TRUE(stream->Write(*r));
   stream->WritesDone();
   v1::DecodeResponse response;
   size_t answered = 0, batched = 0;
