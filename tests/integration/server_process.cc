@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <regex>
@@ -28,11 +29,15 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
+// A fresh file /tmp/sds_itest_XXXXXX_<stem>, created (so the name is ours) and removed by
+// the caller. (It used to reserve a base name and append the stem, which left the base
+// file behind on every run.)
 std::string TempPath(const char* stem) {
-  char path[] = "/tmp/sds_itest_XXXXXX";
-  int fd = mkstemp(path);
+  std::string pattern = std::string("/tmp/sds_itest_XXXXXX_") + stem;
+  const int suffix = static_cast<int>(std::strlen(stem)) + 1;
+  int fd = mkstemps(pattern.data(), suffix);
   if (fd >= 0) close(fd);
-  return std::string(path) + "_" + stem;
+  return pattern;
 }
 
 }  // namespace
