@@ -190,10 +190,6 @@ inline constexpr int kDecodeMinCtas =
     : !kPerToken || kRows == 8                      ? 4
                                                     : SDS_DECODE_MIN_CTAS;
 
-// Whether an instance can merge its chunks over distributed shared memory.
-template <int D, int kRows, bool kPerToken, int kStages>
-inline constexpr bool kClusterMergeOk = DecodeTile<D, kRows, kPerToken, kStages>::kClusterMergeFits;
-
 template <int D, int kRows, bool kPerToken, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPerToken, kStages>))
     SparseDecodeKernel(const DecodeParams p) {
@@ -210,7 +206,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   // Cluster merge: every CTA of a (request, KV head) cluster passes the same two cluster
   // barriers (after the partials are written, after chunk 0 has read them), so a CTA
   // with no chunk of its own, or of a one-chunk request, still takes part in both.
-  const bool cluster_merge = kClusterMergeOk<D, kRows, kPerToken, kStages> && p.cluster_merge;
+  const bool cluster_merge = T::kClusterMergeFits && p.cluster_merge;
   if (chunk >= num_chunks) {
     if (cluster_merge) ClusterSyncTwice();
     return;

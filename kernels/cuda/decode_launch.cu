@@ -51,12 +51,16 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, cudaStream_t strea
   // from 17.9 to 17.0 us but 64 x 2048 from 96 to 108 us and 8 requests from 25.3 to
   // 25.8 (clusters constrain where CTAs run): bench/RESULTS.md. Same bits either way.
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  params.cluster_merge = params.cluster_merge && kClusterMergeOk<D, kRows, kPerToken, kStages> &&
+  params.cluster_merge = params.cluster_merge &&
+                         DecodeTile<D, kRows, kPerToken, kStages>::kClusterMergeFits &&
                          params.max_chunks >= 2 && params.max_chunks <= 8 && ctas <= config.sms;
-  if (!params.cluster_merge) {
+  // Without clusters: one CTA merges through the global workspace.
+  auto launch_plain = [&] {
+    params.cluster_merge = 0;
     kernel<<<grid, kDecodeThreads, kSmem, stream>>>(params);
     return cudaGetLastError();
-  }
+  };
+  if (!params.cluster_merge) return launch_plain();
   cudaLaunchConfig_t launch = {};
   launch.gridDim = grid;
   launch.blockDim = dim3(kDecodeThreads);
@@ -75,9 +79,7 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, cudaStream_t strea
   // and merge through the global workspace instead (same bits; a plain launch that still
   // fails reports its own error).
   cudaGetLastError();
-  params.cluster_merge = 0;
-  kernel<<<grid, kDecodeThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  return launch_plain();
 }
 
 template <int D>

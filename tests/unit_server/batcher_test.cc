@@ -49,6 +49,31 @@ void SetZeros(v1::Tensor* t, const std::vector<int64_t>& shape, int bytes_per_el
   t->set_data(std::string(static_cast<size_t>(n) * bytes_per_element, '\0'));
 }
 
+// A valid decode request for `sequence` at `position`, attending to the new token only.
+std::shared_ptr<v1::DecodeRequest> NewDecodeRequest(const std::string& sequence, int64_t position) {
+  auto request = std::make_shared<v1::DecodeRequest>();
+  request->set_sequence_id(sequence);
+  request->set_position(position);
+  SetZeros(request->mutable_q(), {2, 64}, 2);
+  SetZeros(request->mutable_gate(), {2, 64}, 2);
+  SetZeros(request->mutable_k(), {1, 64}, 2);
+  SetZeros(request->mutable_v(), {1, 64}, 2);
+  SetZeros(request->mutable_indices(), {1}, 4);
+  request->mutable_indices()->set_data(
+      std::string(reinterpret_cast<const char*>(&position), 4));  // little-endian
+  return request;
+}
+
+// Runs `body` on a new thread named "test-submitter" and joins it.
+template <class Body>
+void OnSubmitterThread(Body body) {
+  std::thread submitter([&] {
+    pthread_setname_np(pthread_self(), "test-submitter");
+    body();
+  });
+  submitter.join();
+}
+
 // Where and how one unit finished.
 struct Record {
   absl::Notification done;
@@ -124,17 +149,8 @@ class BatcherTest : public ::testing::Test {
     if (spec.position == 0) {
       EXPECT_TRUE(backend_->cache().CreateSequence(spec.sequence, 0).ok());
     }
-    auto request = std::make_shared<v1::DecodeRequest>();
+    std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest(spec.sequence, spec.position);
     auto response = std::make_shared<v1::DecodeResponse>();
-    request->set_sequence_id(spec.sequence);
-    request->set_position(spec.position);
-    SetZeros(request->mutable_q(), {2, 64}, 2);
-    SetZeros(request->mutable_gate(), {2, 64}, 2);
-    SetZeros(request->mutable_k(), {1, 64}, 2);
-    SetZeros(request->mutable_v(), {1, 64}, 2);
-    SetZeros(request->mutable_indices(), {1}, 4);
-    request->mutable_indices()->set_data(
-        std::string(reinterpret_cast<const char*>(&spec.position), 4));  // little-endian
     auto record = std::make_shared<Record>();
     DecodeWork work;
     work.request = request.get();
@@ -280,8 +296,7 @@ TEST_F(BatcherTest, BusyExecutorThreadGetsTheUnit) {
 TEST_F(BatcherTest, RunOnSubmitterRunsAnIdleBatchOnTheCallingThread) {
   Start(/*run_on_submitter=*/true);
   std::shared_ptr<Record> decode;
-  std::thread submitter([&] {
-    pthread_setname_np(pthread_self(), "test-submitter");
+  OnSubmitterThread([&] {
     Batcher::SubmitterRun run;
     decode = SubmitDecode("s", false, &run);
     // Claimed: it runs when the submitter runs it, and is answered then.
@@ -289,7 +304,6 @@ TEST_F(BatcherTest, RunOnSubmitterRunsAnIdleBatchOnTheCallingThread) {
     run.Run();
     EXPECT_TRUE(decode->done.HasBeenNotified());
   });
-  submitter.join();
   Wait(decode);
   EXPECT_TRUE(decode->status.ok()) << decode->status;
   EXPECT_EQ(decode->thread, "test-submitter");
@@ -307,13 +321,11 @@ TEST_F(BatcherTest, RunOnSubmitterNeverRunsBesideAnotherUnit) {
   absl::Notification release;
   OccupyExecutorThread(&release);
   std::shared_ptr<Record> decode;
-  std::thread submitter([&] {
-    pthread_setname_np(pthread_self(), "test-submitter");
+  OnSubmitterThread([&] {
     Batcher::SubmitterRun run;
     decode = SubmitDecode("t", false, &run);
     run.Run();  // nothing was claimed
   });
-  submitter.join();
   EXPECT_FALSE(decode->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   release.Notify();
   Wait(decode);
@@ -374,13 +386,11 @@ TEST_F(BatcherTest, NoClaimWhileTheAssemblerHoldsABatch) {
   EXPECT_EQ(expired->thread, "sds-assembler");
   // The assembler now holds the batch with position 0 of "o".
   std::shared_ptr<Record> at1;
-  std::thread submitter([&] {
-    pthread_setname_np(pthread_self(), "test-submitter");
+  OnSubmitterThread([&] {
     Batcher::SubmitterRun run;
     at1 = SubmitDecodeAt({.sequence = "o", .position = 1, .claim = &run});
     run.Run();
   });
-  submitter.join();
   EXPECT_FALSE(at1->done.HasBeenNotified())
       << "position 1 ran on " << at1->thread << " (" << at1->status
       << ") while the assembler held position 0";
@@ -401,14 +411,8 @@ TEST_F(BatcherTest, NoClaimWhileTheAssemblerHoldsABatch) {
 TEST_F(BatcherTest, ThrowingCompletionInAClaimedBatchDoesNotWedgeTheBatcher) {
   Start(true);
   ASSERT_TRUE(backend_->cache().CreateSequence("g", 0).ok());
-  auto request = std::make_shared<v1::DecodeRequest>();
+  std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest("g", 0);
   auto response = std::make_shared<v1::DecodeResponse>();
-  request->set_sequence_id("g");
-  SetZeros(request->mutable_q(), {2, 64}, 2);
-  SetZeros(request->mutable_gate(), {2, 64}, 2);
-  SetZeros(request->mutable_k(), {1, 64}, 2);
-  SetZeros(request->mutable_v(), {1, 64}, 2);
-  SetZeros(request->mutable_indices(), {1}, 4);
   std::vector<DecodeWork> works(2);
   works[0].request = request.get();  // expired: answered first, and its `done` throws
   works[0].key = "expired";
