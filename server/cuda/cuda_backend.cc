@@ -66,6 +66,12 @@ absl::Status CopyIn(DeviceBuffer& buf, const T* host, int64_t count, const char*
       absl::StrCat("copy of ", what, " to the device"));
 }
 
+// One upload input of `count` elements of T (bytes from the element type).
+template <typename T>
+InputUpload::Input Input(DeviceBuffer* own, const T* host, size_t count, const char* what) {
+  return {own, host, sizeof(T) * count, what};
+}
+
 class CudaBackend : public Backend {
  public:
   explicit CudaBackend(const BackendConfig& config) : config_(config) {}
@@ -191,10 +197,10 @@ class CudaBackend : public Backend {
     if (a.num_tokens > 0) {
       const size_t n = a.num_tokens;
       const size_t row = static_cast<size_t>(geo.num_kv_heads) * geo.head_dim;
-      inputs.push_back({&k_new_, a.k_new, 2 * n * row, "appended k"});
-      inputs.push_back({&v_new_, a.v_new, 2 * n * row, "appended v"});
-      inputs.push_back({&a_layer_, a.layer, 4 * n, "append layers"});
-      inputs.push_back({&a_slot_, a.slot, 8 * n, "append slots"});
+      inputs.push_back(Input(&k_new_, a.k_new, n * row, "appended k"));
+      inputs.push_back(Input(&v_new_, a.v_new, n * row, "appended v"));
+      inputs.push_back(Input(&a_layer_, a.layer, n, "append layers"));
+      inputs.push_back(Input(&a_slot_, a.slot, n, "append slots"));
     }
     int32_t max_topk = 0;
     if (d.num_requests > 0) {
@@ -252,16 +258,16 @@ class CudaBackend : public Backend {
           absl::StrCat("CUDA backend: top-K ", max_topk, " exceeds max_topk ", config_.max_topk));
     const size_t elems = static_cast<size_t>(b) * d.num_q_heads * geo.head_dim;
     const size_t rows = b;
-    inputs->push_back({&q_, d.q, 2 * elems, "q"});
-    inputs->push_back({&gate_, d.gate, 2 * elems, "gate"});
-    inputs->push_back({&d_layer_, d.layer, 4 * rows, "layers"});
-    inputs->push_back({&d_pto_, d.page_table_offset, 8 * rows, "page table offsets"});
-    inputs->push_back({&d_io_, d.index_offset, 8 * rows, "index offsets"});
-    inputs->push_back({&d_topk_, d.topk, 4 * rows, "top-K sizes"});
-    inputs->push_back({&d_perkv_, d.indices_per_kv_head, rows, "index forms"});
-    inputs->push_back({&d_index_, d.indices, 4 * static_cast<size_t>(index_total), "indices"});
+    inputs->push_back(Input(&q_, d.q, elems, "q"));
+    inputs->push_back(Input(&gate_, d.gate, elems, "gate"));
+    inputs->push_back(Input(&d_layer_, d.layer, rows, "layers"));
+    inputs->push_back(Input(&d_pto_, d.page_table_offset, rows, "page table offsets"));
+    inputs->push_back(Input(&d_io_, d.index_offset, rows, "index offsets"));
+    inputs->push_back(Input(&d_topk_, d.topk, rows, "top-K sizes"));
+    inputs->push_back(Input(&d_perkv_, d.indices_per_kv_head, rows, "index forms"));
+    inputs->push_back(Input(&d_index_, d.indices, static_cast<size_t>(index_total), "indices"));
     inputs->push_back(
-        {&d_pages_, d.page_table, 4 * static_cast<size_t>(pages_total), "page tables"});
+        Input(&d_pages_, d.page_table, static_cast<size_t>(pages_total), "page tables"));
     *max_topk_out = max_topk;
     return absl::OkStatus();
   }
