@@ -16,6 +16,13 @@
 // 3. BM_GatherPass: the decode's number of random 128-byte rows with no arithmetic;
 //    ratio_to_gather = decode GBps / gather GBps (how close to the access pattern's
 //    own ceiling the kernel gets).
+// 4. BM_CpuDecodeSmall: the end-to-end benchmark's "small" shape (Hq 8, Hkv 2, D 64,
+//    top-K 64 shared, page 64, two layers round-robin, sequences of 640 tokens), batch
+//    64 or 256, per_tensor scales, avx512bf16 path (auto), as the CPU backend runs a
+//    batch: append:1 first quantises one new K/V token per request (CpuAppend on the
+//    calling thread), then decodes. Here a request's K/V row is only 64 bytes, so the
+//    per-item and per-request costs, not the bytes, decide; ns_per_row = core time
+//    (wall x threads) per (request, KV head, token) row. Same ratio counters as 2.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -30,6 +37,7 @@
 #include <sys/mman.h>
 
 #include "benchmark/benchmark.h"
+#include "kernels/cpu_append.h"
 #include "kernels/cpu_attention.h"
 #include "kernels/cpu_thread_pool.h"
 #include "kernels/decode_params.h"
@@ -37,16 +45,31 @@
 namespace sds {
 namespace {
 
-constexpr int kNumQHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kTopK = 512, kPageSize = 16;
+// Heads, head dim, top-K and page size of a decode setup.
+struct ModelShape {
+  int num_q_heads, num_kv_heads, head_dim, topk, page_size;
+};
+constexpr ModelShape kSeedModel{32, 8, 128, 512, 16};
+constexpr ModelShape kSmallModel{8, 2, 64, 64, 64};  // the e2e bench's "small" shape
+constexpr int kHeadDim = kSeedModel.head_dim, kNumKvHeads = kSeedModel.num_kv_heads;
+constexpr int kTopK = kSeedModel.topk;
 // Batch, sequence length and layers of a decode setup.
+// num_batches: distinct batches (index lists) cycled through, batch i on layer
+// i % num_layers; 0 means one per layer.
 struct DecodeShape {
-  int batch, sequence_length, num_layers;
+  int batch, sequence_length, num_layers, num_batches = 0;
+  int Batches() const { return num_batches > 0 ? num_batches : num_layers; }
 };
 // The seed shape scaled to this machine: 134 MB of K/V touched over four layers.
 constexpr DecodeShape kSeedShape{32, 2048, 4};
 // One request whose 512 tokens are all selected, one layer: 1 MB of K/V that stays in
 // L2, so the time is the kernel's compute ceiling.
 constexpr DecodeShape kHotShape{1, 512, 1};
+// The e2e small shape's sequences: prefill 576 plus new tokens, two layers (batch 64:
+// 21 MB of K/V, within the 32 MiB LLC as in the server; batch 256: 84 MB). 16 batches
+// of fresh random indices are cycled, as the server sees new indices every batch
+// (one batch touches 1 MB at batch 64: repeating the same two would run from L2).
+constexpr int kSmallSequenceLength = 640, kSmallLayers = 2, kSmallBatches = 16;
 constexpr size_t kReadBytes = size_t{512} << 20;
 
 // Read-pass GB/s by thread count (best repetition: on a shared machine the others are
@@ -172,6 +195,7 @@ void BM_GatherPass(benchmark::State& state) {
 
 // The cache (random FP8 codes, no NaN codes) and one batch per layer.
 struct DecodeSetup {
+  ModelShape model;
   DecodeShape shape;
   CacheGeometry geo;
   // k, v: [layers, pages, page_size, Hkv, D] FP8 codes.
@@ -185,24 +209,31 @@ struct DecodeSetup {
   std::vector<int64_t> index_offset;                // [B]
   std::vector<int32_t> topk;                        // [B]
   std::vector<uint8_t> per_kv_head;                 // [B], all 0 or all 1
-  std::vector<std::vector<int32_t>> indices;        // per layer: [B, K] or [B, Hkv, K]
-  std::vector<std::vector<int32_t>> layer;          // per layer: [B]
+  std::vector<std::vector<int32_t>> indices;        // per batch: [B, K] or [B, Hkv, K]
+  std::vector<std::vector<int32_t>> layer;          // per batch: [B]
+  // One new token per request (append:1): k_new, v_new [B, Hkv, D] bf16; append_slot
+  // [B], the slot of each sequence's last position.
+  std::vector<uint16_t> k_new, v_new;
+  std::vector<int64_t> append_slot;
 
   // per_kv_head_lists: give every KV head its own copy of the request's list (the same
   // positions, so the same bytes are read) instead of one shared list.
-  DecodeSetup(ScaleMode mode, DecodeShape shape_in, bool per_kv_head_lists)
-      : shape(shape_in),
+  DecodeSetup(ScaleMode mode, ModelShape model_in, DecodeShape shape_in, bool per_kv_head_lists)
+      : model(model_in),
+        shape(shape_in),
         geo{shape.num_layers,
-            kNumKvHeads,
-            kHeadDim,
-            kPageSize,
-            int64_t{shape.batch} * (shape.sequence_length / kPageSize),
+            model.num_kv_heads,
+            model.head_dim,
+            model.page_size,
+            int64_t{shape.batch} * (shape.sequence_length / model.page_size),
             mode},
         k(shape.num_layers * geo.LayerElements()),
         v(shape.num_layers * geo.LayerElements()) {
     std::mt19937 rng(42);
     const int kBatch = shape.batch, kNumLayers = shape.num_layers;
-    const int pages_per_sequence = shape.sequence_length / kPageSize;
+    const int topk_len = model.topk, kv_heads = model.num_kv_heads;
+    const int q_heads = model.num_q_heads, head_dim = model.head_dim;
+    const int pages_per_sequence = shape.sequence_length / model.page_size;
     XorShift64 bits;
     for (HugeBuffer<uint8_t>* codes : {&k, &v}) {
       for (size_t i = 0; i < codes->size; i += 8) {
@@ -233,27 +264,42 @@ struct DecodeSetup {
     };
     for (int b = 0; b < kBatch; ++b) {
       page_table_offset.push_back(int64_t{b} * pages_per_sequence);
-      index_offset.push_back(int64_t{b} * kTopK * (per_kv_head_lists ? kNumKvHeads : 1));
-      topk.push_back(kTopK);
+      index_offset.push_back(int64_t{b} * topk_len * (per_kv_head_lists ? kv_heads : 1));
+      topk.push_back(topk_len);
       per_kv_head.push_back(per_kv_head_lists ? 1 : 0);
     }
-    for (size_t i = 0; i < static_cast<size_t>(kBatch) * kNumQHeads * kHeadDim; ++i) {
+    for (size_t i = 0; i < static_cast<size_t>(kBatch) * q_heads * head_dim; ++i) {
       q.push_back(bf16(normal(rng)));
       gate.push_back(bf16(normal(rng)));
     }
     out.resize(q.size());
-    lse.resize(static_cast<size_t>(kBatch) * kNumQHeads);
+    lse.resize(static_cast<size_t>(kBatch) * q_heads);
     std::vector<int32_t> positions(shape.sequence_length);
     std::iota(positions.begin(), positions.end(), 0);
-    for (int l = 0; l < kNumLayers; ++l) {
+    for (int i = 0; i < shape.Batches(); ++i) {
       indices.emplace_back();
       for (int b = 0; b < kBatch; ++b) {
         std::shuffle(positions.begin(), positions.end(), rng);  // K distinct, unsorted
-        for (int copy = 0; copy < (per_kv_head_lists ? kNumKvHeads : 1); ++copy)
-          indices[l].insert(indices[l].end(), positions.begin(), positions.begin() + kTopK);
+        for (int copy = 0; copy < (per_kv_head_lists ? kv_heads : 1); ++copy)
+          indices[i].insert(indices[i].end(), positions.begin(), positions.begin() + topk_len);
       }
-      layer.emplace_back(kBatch, l);
+      layer.emplace_back(kBatch, i % kNumLayers);
     }
+    for (size_t i = 0; i < static_cast<size_t>(kBatch) * kv_heads * head_dim; ++i) {
+      k_new.push_back(bf16(normal(rng)));
+      v_new.push_back(bf16(normal(rng)));
+    }
+    const int last = shape.sequence_length - 1;
+    for (int b = 0; b < kBatch; ++b)
+      append_slot.push_back(int64_t{page_table[page_table_offset[b] + last / model.page_size]} *
+                                model.page_size +
+                            last % model.page_size);
+  }
+
+  // The new tokens of batch i (one per request, into batch i's layer).
+  AppendBatch Append(int i) {
+    return AppendBatch{shape.batch, k_new.data(), v_new.data(), layer[i].data(),
+                       append_slot.data()};
   }
 
   CacheView View() {
@@ -271,15 +317,16 @@ struct DecodeSetup {
     return view;
   }
 
-  DecodeBatch Batch(int l) {
+  // Batch i of the cycle (see DecodeShape::num_batches).
+  DecodeBatch Batch(int i) {
     return DecodeBatch{shape.batch,
-                       kNumQHeads,
+                       model.num_q_heads,
                        q.data(),
                        gate.data(),
-                       layer[l].data(),
+                       layer[i].data(),
                        page_table.data(),
                        page_table_offset.data(),
-                       indices[l].data(),
+                       indices[i].data(),
                        index_offset.data(),
                        topk.data(),
                        per_kv_head.data(),
@@ -287,6 +334,20 @@ struct DecodeSetup {
                        lse.data()};
   }
 };
+
+// GBps of K/V bytes read (`bytes` per batch over `seconds` of all iterations), its
+// ratios to the read and gather ceilings of the same run, and the time per batch.
+void SetDecodeCounters(benchmark::State& state, double bytes, double seconds, int threads,
+                       int pool_threads) {
+  const double gbps = bytes * state.iterations() / seconds / 1e9;
+  state.counters["GBps"] = gbps;
+  const double read_gbps = g_read_pass_gbps.count(threads) ? g_read_pass_gbps[threads] : 0.0;
+  state.counters["ratio_to_read_pass"] = read_gbps > 0 ? gbps / read_gbps : 0.0;
+  const double gather_gbps = g_gather_pass_gbps.count(threads) ? g_gather_pass_gbps[threads] : 0.0;
+  state.counters["ratio_to_gather"] = gather_gbps > 0 ? gbps / gather_gbps : 0.0;
+  state.counters["ms_per_batch"] = seconds / state.iterations() * 1e3;
+  state.counters["threads"] = pool_threads;
+}
 
 // Arguments: scale mode (0 per_tensor, 1 per_token_head), kernel path (CpuKernelPath:
 // 1 portable, 2 avx2, 3 avx512bf16), threads, hot (kHotShape), lists (1: per KV head).
@@ -300,7 +361,7 @@ void BM_CpuDecode(benchmark::State& state) {
     return;
   }
   const DecodeShape shape = state.range(3) ? kHotShape : kSeedShape;
-  DecodeSetup setup(mode, shape, state.range(4) != 0);
+  DecodeSetup setup(mode, kSeedModel, shape, state.range(4) != 0);
   const CacheView view = setup.View();
   const double rows = static_cast<double>(shape.batch) * kNumKvHeads * kTopK;
   const double bytes = rows * kHeadDim * 2 + (mode == ScaleMode::kPerTokenHead ? rows * 8 : 0);
@@ -315,14 +376,38 @@ void BM_CpuDecode(benchmark::State& state) {
     seconds += Seconds(std::chrono::steady_clock::now() - start);
     benchmark::DoNotOptimize(setup.out.data());
   }
-  const double gbps = bytes * state.iterations() / seconds / 1e9;
-  state.counters["GBps"] = gbps;
-  const double read_gbps = g_read_pass_gbps.count(threads) ? g_read_pass_gbps[threads] : 0.0;
-  state.counters["ratio_to_read_pass"] = read_gbps > 0 ? gbps / read_gbps : 0.0;
-  const double gather_gbps = g_gather_pass_gbps.count(threads) ? g_gather_pass_gbps[threads] : 0.0;
-  state.counters["ratio_to_gather"] = gather_gbps > 0 ? gbps / gather_gbps : 0.0;
-  state.counters["ms_per_batch"] = seconds / state.iterations() * 1e3;
-  state.counters["threads"] = pool.num_threads();
+  SetDecodeCounters(state, bytes, seconds, threads, pool.num_threads());
+}
+
+// Arguments: batch, threads (0 = every core), append (1: CpuAppend of one token per
+// request before each decode, as the CPU backend's Run does). Small shape, per_tensor.
+void BM_CpuDecodeSmall(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(1));
+  const bool append = state.range(2) != 0;
+  CpuThreadPool& pool = Pool(threads);
+  const DecodeShape shape{static_cast<int>(state.range(0)), kSmallSequenceLength, kSmallLayers,
+                          kSmallBatches};
+  DecodeSetup setup(ScaleMode::kPerTensor, kSmallModel, shape, false);
+  const CacheView view = setup.View();
+  const double rows =
+      static_cast<double>(shape.batch) * kSmallModel.num_kv_heads * kSmallModel.topk;
+  const double bytes = rows * kSmallModel.head_dim * 2;
+  for (int i = 0; i < shape.Batches(); ++i) CpuDecode(view, setup.Batch(i), &pool);
+  double seconds = 0;
+  int i = 0;
+  for (auto _ : state) {
+    const DecodeBatch batch = setup.Batch(i);
+    const AppendBatch new_tokens = setup.Append(i);
+    i = (i + 1) % shape.Batches();
+    const auto start = std::chrono::steady_clock::now();
+    if (append) CpuAppend(view, new_tokens);
+    CpuDecode(view, batch, &pool);
+    seconds += Seconds(std::chrono::steady_clock::now() - start);
+    benchmark::DoNotOptimize(setup.out.data());
+  }
+  SetDecodeCounters(state, bytes, seconds, threads, pool.num_threads());
+  state.counters["us_per_batch"] = seconds / state.iterations() * 1e6;
+  state.counters["ns_per_row"] = seconds * pool.num_threads() / state.iterations() / rows * 1e9;
 }
 
 BENCHMARK(BM_ReadPass)
@@ -355,6 +440,17 @@ BENCHMARK(BM_CpuDecode)
     ->Args({0, static_cast<int>(CpuKernelPath::kAvx2), 1, 1, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+// The e2e small shape: batch 64 and 256, with and without the append, all cores and one.
+BENCHMARK(BM_CpuDecodeSmall)
+    ->ArgNames({"batch", "threads", "append"})
+    ->Args({64, 0, 1})
+    ->Args({64, 0, 0})
+    ->Args({256, 0, 1})
+    ->Args({64, 1, 1})
+    ->Args({256, 1, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
 
 }  // namespace
