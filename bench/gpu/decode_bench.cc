@@ -4,12 +4,16 @@
 // timed launch) and its ratio to the floor (minimum bytes / read-pass bandwidth), and
 // the largest v1 - v2 output difference. Prints a table; exits non-zero on any error.
 //   decode_bench [--case NAME] [--iters N] [--flush memset|read] [--inputs cold|warm]
+//                [--host_scalars on|off]
 // --flush: how L2 is emptied before each timed launch: `memset` (default, the method of
 // the first table) writes 256 MiB, which leaves ~50 MB of dirty lines in L2 that the
 // timed kernel then pays to write back; `read` reads a separate 256 MiB buffer instead,
 // leaving L2 full of clean, unrelated lines (a cold cache without the write-back debt).
 // --inputs warm: the batch's inputs are copied to the device again after the flush (as
 // the server copies them before each launch), so only the K/V cache starts cold.
+// --host_scalars on (default, as the CUDA backend): the decode launches also get the host
+// copies of the per-request scalars (v1 takes them from its parameters for batches of at
+// most 16); off: the kernel reads them from global memory.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -136,6 +140,7 @@ struct Case {
 // offsets) to the device again, as the server does right before each launch, so they are
 // in L2 and only the K/V cache is cold. Default (cold): every input is flushed too.
 bool g_warm_inputs = false;
+bool g_host_scalars = true;  // --host_scalars
 
 template <typename T>
 void Reupload(T* device, const std::vector<T>& host, cudaStream_t s) {
@@ -253,6 +258,14 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
   batch.indices_per_kv_head = UploadVec(perkv);
   batch.out = static_cast<uint16_t*>(Alloc(qn * 2));
   batch.lse = nullptr;
+  // Host copies of the [B] arrays, as the backend passes them (--host_scalars).
+  DecodeBatch host_batch;
+  host_batch.num_requests = c.batch;
+  host_batch.layer = layer.data();
+  host_batch.page_table_offset = pto.data();
+  host_batch.index_offset = io.data();
+  host_batch.topk = topk.data();
+  host_batch.indices_per_kv_head = perkv.data();
   cuda::DecodeWorkspace ws;
   ws.capacity_floats = cuda::DecodeWorkspaceFloats(c.batch, c.hq, c.d, c.topk);
   ws.capacity_counters = cuda::DecodeWorkspaceCounters(c.batch, c.hkv);
@@ -286,7 +299,8 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
     Check(cudaMemset(batch.out, 0xFF, qn * 2), "poison out");
     (k == 0 ? r.us : r.us_v2) = TimeMedianUs(
         [&] {
-          absl::Status st = cuda::LaunchDecode(view, batch, c.topk, ws, s, kernel);
+          absl::Status st = cuda::LaunchDecode(view, batch, c.topk, ws, s, kernel,
+                                               g_host_scalars ? &host_batch : nullptr);
           if (!st.ok()) {
             std::fprintf(stderr, "%s: %s\n", c.name.c_str(), st.ToString().c_str());
             std::exit(2);
@@ -371,6 +385,8 @@ int main(int argc, char** argv) {
       read_flush = !std::strcmp(argv[++i], "read");
     if (!std::strcmp(argv[i], "--inputs") && i + 1 < argc)
       g_warm_inputs = !std::strcmp(argv[++i], "warm");
+    if (!std::strcmp(argv[i], "--host_scalars") && i + 1 < argc)
+      g_host_scalars = !std::strcmp(argv[++i], "on");
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -404,6 +420,8 @@ int main(int argc, char** argv) {
       {"b64_sorted", 64, 32, 8, 128, 16, 32768, 2048, ScaleMode::kPerTensor, 0, 0, true},
   };
   Flusher flush(read_flush);
+  std::printf("host copies of the per-request scalars passed to the decode launches: %s\n",
+              g_host_scalars ? "on (as the backend)" : "off");
   std::printf("L2 flush before each timed launch: %s; inputs %s\n",
               read_flush ? "read of a separate 256 MiB buffer" : "256 MiB memset",
               g_warm_inputs ? "copied again after the flush (warm, as in the server)"

@@ -164,9 +164,11 @@ int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads) {
   return static_cast<int64_t>(num_requests) * num_kv_heads;
 }
 
+int32_t DecodeInlineRequests() { return kDecodeInlineRequests; }
+
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
                           const DecodeWorkspace& workspace, cudaStream_t stream,
-                          DecodeKernel kernel) {
+                          DecodeKernel kernel, const DecodeBatch* host_batch) {
   if (batch.num_requests <= 0) return absl::OkStatus();
   const CacheGeometry& geo = cache.geo;
   if (absl::Status s = CheckDecodeShape(batch.num_q_heads, geo); !s.ok()) return s;
@@ -225,6 +227,13 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   p.max_chunks = chunks;
   p.score_scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(geo.head_dim));
   p.cluster_merge = kernel != DecodeKernel::kV1GlobalMerge && EnvClusterMerge() ? 1 : 0;
+  if (!v2 && host_batch != nullptr && batch.num_requests <= kDecodeInlineRequests) {
+    p.inline_requests = 1;
+    for (int32_t b = 0; b < batch.num_requests; ++b)
+      p.req[b] = DecodeRequestScalars{
+          host_batch->index_offset[b], host_batch->page_table_offset[b],   host_batch->topk[b],
+          host_batch->layer[b],        host_batch->indices_per_kv_head[b], 0};
+  }
   if (!v2)
     return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token, stream),
                     "sparse decode kernel launch");

@@ -60,9 +60,17 @@ int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads);
 // One launch for the whole batch (v2 fine split: plus a merge launch). `max_topk` is the
 // largest batch.topk[b] (host value). Every kernel gives the same bits for a request
 // whatever the batch; v1 and v2 agree within rounding, not bitwise.
+// host_batch (optional): host copies of the batch's [B] arrays layer, page_table_offset,
+// index_offset, topk and indices_per_kv_head, equal to the device ones (its other
+// pointers are not read). With at most DecodeInlineRequests() requests, v1 then takes
+// them from its launch parameters instead of global memory (one dependent load fewer;
+// same bits).
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
                           const DecodeWorkspace& workspace, cudaStream_t stream,
-                          DecodeKernel kernel = DecodeKernel::kDefault);
+                          DecodeKernel kernel = DecodeKernel::kDefault,
+                          const DecodeBatch* host_batch = nullptr);
+// Largest batch whose per-request scalars travel in v1's launch parameters (16).
+int32_t DecodeInlineRequests();
 
 // One launch quantising every row of `append` into the cache (both scale modes).
 absl::Status LaunchAppend(const CacheView& cache, const AppendBatch& append, cudaStream_t stream);

@@ -192,7 +192,7 @@ inline constexpr int kDecodeMinCtas =
 
 template <int D, int kRows, bool kPerToken, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPerToken, kStages>))
-    SparseDecodeKernel(const DecodeParams p) {
+    SparseDecodeKernel(const __grid_constant__ DecodeParams p) {
   using T = DecodeTile<D, kRows, kPerToken, kStages>;
   constexpr int kChunk = kDecodeChunkTokens;
   constexpr int kR = kRows / 8;  // accumulator rows per thread (1 or 2)
@@ -201,7 +201,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   const int kvh = blockIdx.x;
   const int chunk = blockIdx.y;
   const int b = blockIdx.z;
-  const int topk = p.topk[b];
+  // Request b's scalars: from the parameters (small batches) or global memory.
+  const DecodeRequestScalars rq =
+      p.inline_requests
+          ? p.req[b]
+          : DecodeRequestScalars{p.index_offset[b], p.page_table_offset[b],   p.topk[b],
+                                 p.layer[b],        p.indices_per_kv_head[b], 0};
+  const int topk = rq.topk;
   const int num_chunks = topk > kChunk ? (topk + kChunk - 1) / kChunk : 1;
   // Cluster merge: every CTA of a (request, KV head) cluster passes the same two cluster
   // barriers (after the partials are written, after chunk 0 has read them), so a CTA
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   const int grp = lane >> 2, tig = lane & 3;
   const int G = p.group;
   const int hkv = p.num_kv_heads;
-  const int layer = p.layer[b];
+  const int layer = rq.layer;
   const int begin = chunk * kChunk;
   const int count = max(0, min(kChunk, topk - begin));
 
@@ -267,9 +273,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   {
     // list: [count] int32 logical positions of this chunk (this KV head's list when the
     // request has one list per KV head); pages: the request's page table.
-    const int32_t* list = p.indices + p.index_offset[b] +
-                          (p.indices_per_kv_head[b] ? static_cast<int64_t>(kvh) * topk : 0) + begin;
-    const int32_t* pages = p.page_table + p.page_table_offset[b];
+    const int32_t* list = p.indices + rq.index_offset +
+                          (rq.indices_per_kv_head ? static_cast<int64_t>(kvh) * topk : 0) + begin;
+    const int32_t* pages = p.page_table + rq.page_table_offset;
     constexpr int kPer = kChunk / kDecodeThreads;  // tokens per lane
     int idx[kPer], t[kPer], page[kPer];
 #pragma unroll

@@ -7,8 +7,13 @@
 namespace sds::cuda {
 
 // Tokens of one request (one index list) handled by one CTA. Fixed, so the split of
-// the K dimension depends on the request alone (batch invariance).
-inline constexpr int kDecodeChunkTokens = 512;
+// the K dimension depends on the request alone (batch invariance). Part of the
+// arithmetic like the warp count: SDS_DECODE_CHUNK_TOKENS (256, 128) builds the
+// experiment variants of bench/RESULTS.md, never a per-launch choice.
+#ifndef SDS_DECODE_CHUNK_TOKENS
+#define SDS_DECODE_CHUNK_TOKENS 512
+#endif
+inline constexpr int kDecodeChunkTokens = SDS_DECODE_CHUNK_TOKENS;
 // Warps per CTA. Each warp runs its own online softmax over steps warp, warp + W, ... of
 // the chunk and the CTA merges the W warps in a fixed order, so W is part of the
 // arithmetic: it is fixed at build time, never chosen per launch.
@@ -18,6 +23,7 @@ inline constexpr int kDecodeChunkTokens = 512;
 inline constexpr int kDecodeWarps = SDS_DECODE_WARPS;
 static_assert(kDecodeWarps == 4 || kDecodeWarps == 8, "decode warps per CTA");
 inline constexpr int kDecodeThreads = kDecodeWarps * 32;
+static_assert(kDecodeChunkTokens % kDecodeThreads == 0, "whole chunk tokens per thread");
 inline constexpr int kDecodeStepTokens = 16;  // tokens per warp step (one MMA K-tile)
 inline constexpr int kDecodeMaxGroup = 16;    // query heads per KV head (MMA M = 16)
 inline constexpr int kDecodeStatFloats = 4;   // per (chunk, head): max_s, max_u, l, pad
@@ -34,6 +40,22 @@ inline constexpr int kDecodeV2MaxHeads = 8;  // KV heads (= warps) per v2 CTA
 // The fine split (one CTA per unit) is used for batches of at most this many units
 // (requests x units of the longest list) and sized into DecodeWorkspaceFloats.
 inline constexpr int kDecodeV2FineMaxUnits = 1024;
+
+// v1: batches of at most this many requests carry each request's scalars in the kernel
+// parameters (DecodeParams::req, constant bank) instead of global memory, so the CTA's
+// first dependent global load (top-K, layer, offsets) leaves the chain
+// topk -> index list -> page table -> K/V of a small batch.
+inline constexpr int kDecodeInlineRequests = 16;
+
+// One request's scalars (the [B] arrays of DecodeParams, row b).
+struct DecodeRequestScalars {
+  int64_t index_offset;
+  int64_t page_table_offset;
+  int32_t topk;
+  int32_t layer;
+  int32_t indices_per_kv_head;
+  int32_t pad;
+};
 
 struct DecodeParams {
   // Cache. k, v: [L, P, page_size, Hkv, D] FP8 bytes.
@@ -89,6 +111,12 @@ struct DecodeParams {
   int32_t heads_per_cta;
   int32_t fine;
   int32_t max_units;  // ceil(max_topk / kDecodeUnitTokens), >= 1
+
+  // v1 only. inline_requests: 1 when req[0 .. B) holds the batch's per-request scalars
+  // (B <= kDecodeInlineRequests); the kernel then never reads layer, page_table_offset,
+  // index_offset, topk or indices_per_kv_head from global memory.
+  int32_t inline_requests;
+  DecodeRequestScalars req[kDecodeInlineRequests];
 };
 
 }  // namespace sds::cuda

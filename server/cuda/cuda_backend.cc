@@ -291,7 +291,11 @@ class CudaBackend : public Backend {
     batch.page_table = static_cast<const int32_t*>(dev[8]);
     batch.out = out_.as<uint16_t>();
     batch.lse = d.lse != nullptr ? lse_.as<float>() : nullptr;
-    if (absl::Status s = cuda::LaunchDecode(view, batch, max_topk, workspace_, stream_); !s.ok())
+    // d's [B] arrays are the host copies of what was uploaded: small batches carry them in
+    // the kernel's parameters.
+    if (absl::Status s = cuda::LaunchDecode(view, batch, max_topk, workspace_, stream_,
+                                            cuda::DecodeKernel::kDefault, &d);
+        !s.ok())
       return s;
     const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * view.geo.head_dim;
     if (absl::Status s =

@@ -262,6 +262,37 @@ TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
   }
 }
 
+// v1 takes the per-request scalars (top-K, layer, offsets, index form) of batches of at
+// most DecodeInlineRequests() requests from its launch parameters when the caller passes
+// the host copies: within 2 ulps of the reference and the same bits as reading them from
+// global memory, at the limit and one above it (which must fall back to global memory).
+TEST(DecodeInlineScalars, SameBitsAsGlobalMemory) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  const int limit = cuda::DecodeInlineRequests();
+  for (ScaleMode mode : {ScaleMode::kPerTensor, ScaleMode::kPerTokenHead}) {
+    TestCache cache = BuildCache(3, 4, 128, 16, mode, {3000, 40, 1200, 700, 5}, 31);
+    for (int n : {1, limit, limit + 1}) {
+      SCOPED_TRACE(testing::Message()
+                   << "mode " << static_cast<int>(mode) << ", " << n << " requests");
+      std::vector<RequestSpec> specs;
+      for (int i = 0; i < n; ++i)
+        specs.push_back(RequestSpec{(i + 1) % 5, (2 * i + 1) % 3,
+                                    i % 6 == 5 ? 0 : 1 + (i * 613 + 700) % 2100, i % 3 == 1,
+                                    static_cast<uint32_t>(300 + i)});
+      TestBatch batch = BuildBatch(cache, 16, specs);
+      std::vector<uint16_t> in_params, in_global;
+      std::vector<float> lse_params, lse_global;
+      RunGpuDecode(cache, batch, true, &in_params, &lse_params, DecodeKernel::kV1, true);
+      RunGpuDecode(cache, batch, true, &in_global, &lse_global, DecodeKernel::kV1, false);
+      for (int b = 0; b < n; ++b)
+        EXPECT_EQ("", CompareWithReference(cache, batch, b, in_params, lse_params, 2.0))
+            << "request " << b;
+      EXPECT_EQ(0, std::memcmp(in_params.data(), in_global.data(), in_params.size() * 2));
+      EXPECT_EQ(0, std::memcmp(lse_params.data(), lse_global.data(), lse_params.size() * 4));
+    }
+  }
+}
+
 TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
   CacheGeometry geo;

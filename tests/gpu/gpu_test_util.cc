@@ -288,7 +288,8 @@ std::string KernelName(cuda::DecodeKernel kernel) {
 }
 
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
-                  std::vector<uint16_t>* out, std::vector<float>* lse, cuda::DecodeKernel kernel) {
+                  std::vector<uint16_t>* out, std::vector<float>* lse, cuda::DecodeKernel kernel,
+                  bool host_scalars) {
   const int n = batch.size();
   cuda::DecodeWorkspace ws;
   ws.capacity_floats = cuda::DecodeWorkspaceFloats(n, batch.hq, batch.d, batch.max_topk);
@@ -299,8 +300,10 @@ void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
   ws.partial = partial.as<float>();
   ws.counters = counters.as<int32_t>();
   batch.Poison();
-  absl::Status s = cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse),
-                                      batch.max_topk, ws, 0, kernel);
+  const DecodeBatch host = batch.HostBatch(nullptr, nullptr);
+  absl::Status s =
+      cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse), batch.max_topk, ws, 0,
+                         kernel, host_scalars ? &host : nullptr);
   if (!s.ok()) {
     std::fprintf(stderr, "LaunchDecode: %s\n", s.ToString().c_str());
     std::abort();

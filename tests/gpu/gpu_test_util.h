@@ -107,10 +107,12 @@ struct TestBatch {
 TestBatch BuildBatch(const TestCache& cache, int hq, const std::vector<RequestSpec>& specs);
 
 // Runs LaunchDecode with `kernel` on the batch (workspace allocated here) and downloads
-// out/lse.
+// out/lse. host_scalars: pass the host copies of the per-request arrays too (as the
+// backend does), so batches of at most cuda::DecodeInlineRequests() requests take their
+// scalars from the launch parameters.
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
                   std::vector<uint16_t>* out, std::vector<float>* lse,
-                  cuda::DecodeKernel kernel = cuda::DecodeKernel::kV1);
+                  cuda::DecodeKernel kernel = cuda::DecodeKernel::kV1, bool host_scalars = true);
 
 // "v1", "v2", "v2coarse", "v2fine" (test names).
 std::string KernelName(cuda::DecodeKernel kernel);
