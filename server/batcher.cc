@@ -48,6 +48,25 @@ Batcher::Batcher(const BatcherOptions& options, Executor* executor,
                  std::vector<std::unique_ptr<StagingBuffer>> staging)
     : options_(options), executor_(executor), staging_(std::move(staging)) {
   for (int i = 0; i < static_cast<int>(staging_.size()); ++i) free_buffers_.push_back(i);
+  if (options_.staging_threads > 1)
+    fill_pool_ = std::make_unique<CpuThreadPool>(options_.staging_threads);
+}
+
+void Batcher::FillStaging(const Ready& ready) {
+  // Below this many rows (~22 KB each at the seed shape) waking the pool costs about
+  // what it saves.
+  constexpr size_t kPoolFillRows = 16;
+  StagingBuffer& staging = *staging_[ready.buffer];
+  const std::vector<DecodeWork>& decodes = ready.decodes;
+  std::unique_lock<std::mutex> pool(fill_pool_mu_, std::defer_lock);
+  if (fill_pool_ != nullptr && decodes.size() >= kPoolFillRows && pool.try_lock()) {
+    fill_pool_->ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t i) {
+      staging.FillRow(static_cast<int32_t>(i), *decodes[i].request);
+    });
+    return;
+  }
+  for (size_t i = 0; i < decodes.size(); ++i)
+    staging.FillRow(static_cast<int32_t>(i), *decodes[i].request);
 }
 
 Batcher::~Batcher() { Stop(); }
@@ -319,9 +338,7 @@ void Batcher::RunClaimed(SubmitterRun* claim) {
   if (ready.buffer < 0) return;
   bool filled = false;
   try {
-    for (size_t i = 0; i < ready.decodes.size(); ++i) {
-      staging_[ready.buffer]->FillRow(static_cast<int32_t>(i), *ready.decodes[i].request);
-    }
+    FillStaging(ready);
     filled = true;
   } catch (const std::exception& e) {
     spdlog::critical("batcher: exception while staging a claimed batch of {}: {}",
@@ -363,11 +380,9 @@ void Batcher::AssemblerLoop() {
     Ready ready;
     if (!decodes.empty()) {
       // The copy from protobuf bytes into staging runs while the executor computes.
-      for (size_t i = 0; i < decodes.size(); ++i) {
-        staging_[buffer]->FillRow(static_cast<int32_t>(i), *decodes[i].request);
-      }
       ready.buffer = buffer;
       ready.decodes = std::move(decodes);
+      FillStaging(ready);
       batches_in_flight_.fetch_add(1);
     } else {
       ready.single = std::move(single);

@@ -15,11 +15,14 @@ namespace sds::itest {
 namespace {
 
 // Scale mode, and whether the server batches eagerly (--eager_batching) and runs a
-// batch on the submitting RPC thread when the batcher is idle (--inline_idle_batches).
+// batch on the submitting RPC thread when the batcher is idle (--inline_idle_batches);
+// staging_threads > 1: batches of 16 requests or more are copied into staging by that
+// many threads (--staging_threads).
 struct DecodeTestParam {
   ScaleMode scale_mode;
   bool eager;
   bool inline_batches = false;
+  int staging_threads = 1;
 };
 
 class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
@@ -30,6 +33,7 @@ class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
     std::vector<std::string> flags = {"--max_batch_size=16", "--max_queue_delay_us=2000"};
     if (GetParam().eager) flags.push_back("--eager_batching");
     if (GetParam().inline_batches) flags.push_back("--inline_idle_batches");
+    flags.push_back("--staging_threads=" + std::to_string(GetParam().staging_threads));
     harness_ = std::make_unique<Harness>(model, flags);
     ASSERT_TRUE(harness_->ok()) << harness_->error();
   }
@@ -82,7 +86,8 @@ TEST_P(DecodeTest, EdgeCasesMatchReference) {
 TEST_P(DecodeTest, DecodeBatchMixesSequencesAndLayers) {
   Harness& h = *harness_;
   InputGen gen(3);
-  const std::vector<std::string> seqs = {"b0", "b1", "b2", "b3"};
+  // 6 sequences x 3 layers: 18 items, so a batch of 16 (the staging pool's threshold).
+  const std::vector<std::string> seqs = {"b0", "b1", "b2", "b3", "b4", "b5"};
   for (const std::string& s : seqs) h.CreateAndPrefill(gen, s, 20 + 3 * (&s - seqs.data()));
   for (int round = 0; round < 3; ++round) {
     v1::DecodeBatchRequest batch;
@@ -109,7 +114,7 @@ TEST_P(DecodeTest, DecodeBatchMixesSequencesAndLayers) {
     v1::DecodeResponse tampered = response.responses(0);
     (*tampered.mutable_out()->mutable_data())[7] ^= 0x40;
     EXPECT_NE(h.mirror().Check(batch.requests(0), tampered), "");
-    // 12 items with max_batch_size 16 and no (sequence, layer) repeats: few batches.
+    // 18 items with max_batch_size 16 and no (sequence, layer) repeats: few batches.
     EXPECT_LE(batch_ids.size(), 3u);
   }
 }
@@ -317,11 +322,13 @@ INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
                          ::testing::Values(DecodeTestParam{ScaleMode::kPerTensor, false},
                                            DecodeTestParam{ScaleMode::kPerTokenHead, false},
                                            DecodeTestParam{ScaleMode::kPerTensor, true},
-                                           DecodeTestParam{ScaleMode::kPerTokenHead, true, true}),
+                                           DecodeTestParam{ScaleMode::kPerTokenHead, true, true},
+                                           DecodeTestParam{ScaleMode::kPerTensor, true, false, 3}),
                          [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
                            std::string name = info.param.scale_mode == ScaleMode::kPerTensor
                                                   ? "PerTensor"
                                                   : "PerTokenHead";
+                           if (info.param.staging_threads > 1) name += "StagingPool";
                            if (info.param.inline_batches) return name + "EagerInline";
                            return info.param.eager ? name + "Eager" : name;
                          });
