@@ -21,8 +21,15 @@ using cpu_internal::DecodeItem;
 // Per-thread scratch, grown on demand and reused across calls.
 struct ItemScratch {
   std::vector<int64_t> rows;  // base rows (slot * Hkv) of the current index list
+  // RunRequests: base rows of the current and the next request (b % 2).
+  std::vector<int64_t> pipelined_rows[2];
   std::vector<float> k_scale, v_scale, scores, q_f32, acc, row_buffer, weights;
 };
+
+ItemScratch& ThreadScratch() {
+  thread_local ItemScratch scratch;
+  return scratch;
+}
 
 template <typename T>
 T* Grow(std::vector<T>& buffer, size_t size) {
@@ -130,11 +137,32 @@ void RunHead(const CacheView& cache, const DecodeBatch& batch, int b, int kv_hea
   }
 }
 
+// The fused item that runs next on this thread, for its K rows to be prefetched:
+// request b's layer and base rows [num_rows] (num_rows == 0: none).
+struct NextFused {
+  int b = 0;
+  const int64_t* rows = nullptr;
+  int num_rows = 0;
+};
+
+// What RunFusedBlock tells the next item of its thread: how many of its leading K rows
+// were prefetched already.
+struct FusedHandOff {
+  int prefetched_k_rows = 0;
+};
+
+// Items whose V bytes are at most this prefetch their V rows during the score pass
+// (then K + V stay in L2 between the passes; the e2e small shape's item has 8 KiB).
+constexpr int64_t kEarlyValueBytes = 64 * 1024;
+
 // Runs the KV heads of `block` as one fused item over the shared base rows `rows`
 // [N rounded up to 8], N >= 1: each token slot's K (and V) bytes of all the block's
-// heads are read together. Same output bits as RunHead for each head.
-void RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock& block,
-                   const int64_t* rows, int num_rows, ItemScratch& scratch) {
+// heads are read together. Same output bits as RunHead for each head. `next`: the
+// fused item this thread runs next (same heads), or num_rows == 0.
+// Returns what the next item may skip.
+FusedHandOff RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock& block,
+                           const int64_t* rows, int num_rows, const NextFused& next,
+                           const FusedHandOff& previous, ItemScratch& scratch) {
   const CacheGeometry& geo = cache.geo;
   const int head_dim = geo.head_dim, group = batch.num_q_heads / geo.num_kv_heads;
   const int kv_heads = block.num_heads;
@@ -180,7 +208,19 @@ void RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, const HeadB
   work.acc = Grow(scratch.acc, heads * head_dim);
   work.weights = Grow(scratch.weights, heads * padded_rows);
   work.bf16_scores = true;
+  work.prefetch_values_early =
+      static_cast<int64_t>(num_rows) * kv_heads * head_dim <= kEarlyValueBytes;
+  work.prefetched_k_rows = previous.prefetched_k_rows;
+  if (work.prefetch_values_early && next.num_rows > 0) {
+    work.next_k_layer = cache.k + static_cast<int64_t>(batch.layer[next.b]) * geo.LayerElements() +
+                        static_cast<int64_t>(block.first_head) * head_dim;
+    work.next_rows = next.rows;
+    work.next_num_rows = next.num_rows;
+  }
   cpu_internal::DecodeItemFusedAvx512(work);
+  FusedHandOff hand_off;
+  hand_off.prefetched_k_rows = cpu_internal::NextItemPrefetchRows(work);
+  return hand_off;
 }
 
 // Runs one work item: the KV heads of `block`. When request b's indices are shared by
@@ -191,7 +231,7 @@ void RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, const HeadB
 // does not stay in L2, and the wide prefetch bursts stall the first head.)
 void RunBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock& block,
               CpuKernelPath path) {
-  thread_local ItemScratch scratch;
+  ItemScratch& scratch = ThreadScratch();
   const int32_t topk = batch.topk[block.b];
   const int32_t* indices = batch.indices + batch.index_offset[block.b];
   const int32_t* pages = batch.page_table + batch.page_table_offset[block.b];
@@ -202,7 +242,7 @@ void RunBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock&
     const int group = batch.num_q_heads / cache.geo.num_kv_heads;
     if (num_rows > 0 && path == CpuKernelPath::kAvx512Bf16 &&
         cpu_internal::FusedItemSupported(group, head_dim)) {
-      RunFusedBlock(cache, batch, block, rows, num_rows, scratch);
+      RunFusedBlock(cache, batch, block, rows, num_rows, NextFused{}, FusedHandOff{}, scratch);
       return;
     }
     for (int i = 0; i < block.num_heads; ++i)
@@ -215,6 +255,56 @@ void RunBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock&
                                         indices + static_cast<int64_t>(kv_head) * topk, topk, rows);
     RunHead(cache, batch, block.b, kv_head, rows, num_rows, path, scratch);
   }
+}
+
+// Runs requests [begin, end) whole (all KV heads), one after another on this thread.
+// Where a request runs as one fused item (shared indices, kAvx512Bf16, shape
+// supported), the next request's rows are gathered first, so that the current item's
+// value pass prefetches the next item's K rows; other requests go through RunBlock.
+void RunRequests(const CacheView& cache, const DecodeBatch& batch, int begin, int end,
+                 CpuKernelPath path) {
+  ItemScratch& scratch = ThreadScratch();
+  const CacheGeometry& geo = cache.geo;
+  const int group = batch.num_q_heads / geo.num_kv_heads;
+  const bool fusable =
+      path == CpuKernelPath::kAvx512Bf16 && cpu_internal::FusedItemSupported(group, geo.head_dim);
+  // Gathers request b's rows into pipelined_rows[b % 2]; returns N, or 0 when b does
+  // not run as a fused item (no valid index, per-KV-head lists, or not fusable).
+  auto gather = [&](int b) {
+    if (!fusable || batch.indices_per_kv_head[b]) return 0;
+    const int32_t topk = batch.topk[b];
+    int64_t* rows = Grow(scratch.pipelined_rows[b % 2], (static_cast<size_t>(topk) + 7) / 8 * 8);
+    return GatherBaseRows(geo, batch.page_table + batch.page_table_offset[b],
+                          batch.indices + batch.index_offset[b], topk, rows);
+  };
+  int num_rows = gather(begin);
+  FusedHandOff hand_off;
+  for (int b = begin; b < end; ++b) {
+    NextFused next;
+    if (b + 1 < end) {
+      next.b = b + 1;
+      next.num_rows = gather(b + 1);
+      next.rows = scratch.pipelined_rows[(b + 1) % 2].data();
+    }
+    const HeadBlock block{b, 0, geo.num_kv_heads};
+    if (num_rows > 0) {
+      hand_off = RunFusedBlock(cache, batch, block, scratch.pipelined_rows[b % 2].data(), num_rows,
+                               next, hand_off, scratch);
+    } else {
+      RunBlock(cache, batch, block, path);
+      hand_off = FusedHandOff{};
+    }
+    num_rows = next.num_rows;
+  }
+}
+
+// Whole requests per work item when items are whole requests: enough items for every
+// thread to take about eight (the dynamic split evens out a thread that is descheduled
+// for a while), at most 8 requests each. Which requests share an item never changes an
+// output bit.
+int RequestsPerItem(int num_requests, int num_threads) {
+  const int per_item = num_requests / (8 * num_threads);
+  return per_item < 1 ? 1 : per_item > 8 ? 8 : per_item;
 }
 
 // KV heads per work item: all of them when the batch alone gives every thread several
@@ -287,11 +377,27 @@ CpuKernelPath ResolveCpuKernelPath(CpuKernelPath requested, int head_dim) {
 void CpuDecode(const CacheView& cache, const DecodeBatch& batch, CpuThreadPool* pool,
                CpuKernelPath path) {
   const int num_kv_heads = cache.geo.num_kv_heads;
-  const int heads_per_item =
-      HeadsPerItem(batch.num_requests, num_kv_heads, pool ? pool->num_threads() : 1);
+  const int num_threads = pool ? pool->num_threads() : 1;
+  const int heads_per_item = HeadsPerItem(batch.num_requests, num_kv_heads, num_threads);
+  const CpuKernelPath resolved = ResolveCpuKernelPath(path, cache.geo.head_dim);
+  const bool pooled = pool != nullptr && !SmallBatch(batch, num_kv_heads);
+  if (heads_per_item == num_kv_heads) {  // items of whole requests
+    const int per_item =
+        pooled ? RequestsPerItem(batch.num_requests, num_threads) : batch.num_requests;
+    const int64_t num_items = (batch.num_requests + per_item - 1) / per_item;
+    auto run = [&](int64_t item) {
+      const int begin = static_cast<int>(item) * per_item;
+      RunRequests(cache, batch, begin, std::min(begin + per_item, batch.num_requests), resolved);
+    };
+    if (pooled) {
+      pool->ParallelFor(num_items, run);
+    } else {
+      run(0);
+    }
+    return;
+  }
   const int blocks_per_request = num_kv_heads / heads_per_item;
   const int64_t num_items = static_cast<int64_t>(batch.num_requests) * blocks_per_request;
-  const CpuKernelPath resolved = ResolveCpuKernelPath(path, cache.geo.head_dim);
   auto run = [&](int64_t item) {
     HeadBlock block;
     block.b = static_cast<int>(item / blocks_per_request);
@@ -299,7 +405,7 @@ void CpuDecode(const CacheView& cache, const DecodeBatch& batch, CpuThreadPool* 
     block.num_heads = heads_per_item;
     RunBlock(cache, batch, block, resolved);
   };
-  if (pool != nullptr && !SmallBatch(batch, num_kv_heads)) {
+  if (pooled) {
     pool->ParallelFor(num_items, run);
   } else {
     for (int64_t item = 0; item < num_items; ++item) run(item);

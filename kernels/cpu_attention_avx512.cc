@@ -217,7 +217,7 @@ void FusedScorePass(const DecodeItem& item, int stride) {
   uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [H * G, D] bf16, permuted
   PermuteQuery(item.q, kv_heads * kHeads * head_dim, query);
   const TableKeys lookup = LoadTableKeys();
-  for (int n = 0; n < ahead && n < stride; ++n)
+  for (int n = item.prefetched_k_rows; n < ahead && n < stride; ++n)
     for (int byte = 0; byte < span; byte += 64)
       __builtin_prefetch(item.k_layer + item.rows[n] * head_dim + byte, 0, 3);
   for (int n0 = 0; n0 < stride; n0 += kRows) {
@@ -235,6 +235,11 @@ void FusedScorePass(const DecodeItem& item, int stride) {
         if (future[t] != nullptr)
           for (int byte = 0; byte < head_dim; byte += 64)
             __builtin_prefetch(future[t] + b * head_dim + byte, 0, 3);
+      if (item.prefetch_values_early)  // this tile's V rows, for the value pass
+        for (int t = 0; t < kRows; ++t)
+          for (int byte = 0; byte < head_dim; byte += 64)
+            __builtin_prefetch(item.v_layer + item.rows[n0 + t] * head_dim + b * head_dim + byte, 0,
+                               3);
       float factor[kRows];
       for (int t = 0; t < kRows; ++t)
         factor[t] = item.k_scale[b * stride + n0 + t] * item.inv_sqrt_d;
@@ -291,25 +296,46 @@ void FusedValuePass(const DecodeItem& item, int stride) {
   constexpr int kTile = 8;
   const int head_dim = item.head_dim, num_rows = item.num_rows, kv_heads = item.kv_heads;
   const int span = kv_heads * head_dim, ahead = item.prefetch_rows;
+  // weights: [H, kHeads, stride], the scores' layout: p * v_scale * kFp16CodeScale (the
+  // same two products as FillValueWeights, so the same bits), 16 rows at a time.
+  const __m512 code_scale = _mm512_set1_ps(kFp16CodeScale);
   for (int b = 0; b < kv_heads; ++b)
-    for (int n = 0; n < num_rows; ++n)
-      for (int h = 0; h < kHeads; ++h)
-        item.weights[(b * stride + n) * kHeads + h] = item.scores[(b * kHeads + h) * stride + n] *
-                                                      item.v_scale[b * stride + n] * kFp16CodeScale;
+    for (int h = 0; h < kHeads; ++h) {
+      const float* p = item.scores + (b * kHeads + h) * stride;
+      const float* v_scale = item.v_scale + b * stride;
+      float* w = item.weights + (b * kHeads + h) * stride;
+      int n = 0;
+      for (; n + 16 <= num_rows; n += 16)
+        _mm512_storeu_ps(w + n, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + n),
+                                                            _mm512_loadu_ps(v_scale + n)),
+                                              code_scale));
+      for (; n < num_rows; ++n) w[n] = p[n] * v_scale[n] * kFp16CodeScale;
+    }
   for (int e = 0; e < kv_heads * kHeads * head_dim; e += 16)
     _mm512_storeu_ps(item.acc + e, _mm512_setzero_ps());
-  for (int n = 0; n < ahead && n < num_rows; ++n)
-    for (int byte = 0; byte < span; byte += 64)
-      __builtin_prefetch(item.v_layer + item.rows[n] * head_dim + byte, 0, 3);
+  const bool early = item.prefetch_values_early;  // V already prefetched by the score pass
+  if (!early)
+    for (int n = 0; n < ahead && n < num_rows; ++n)
+      for (int byte = 0; byte < span; byte += 64)
+        __builtin_prefetch(item.v_layer + item.rows[n] * head_dim + byte, 0, 3);
+  // With `early`, the next item's first `ahead` K rows instead, a few per tile.
+  const int next_rows = NextItemPrefetchRows(item);
+  const int tiles = (num_rows + kTile - 1) / kTile;
+  const int next_per_tile = (next_rows + tiles - 1) / tiles;
   for (int n0 = 0; n0 < num_rows; n0 += kTile) {
     const int count = num_rows - n0 < kTile ? num_rows - n0 : kTile;
     const uint8_t* future[kTile];  // the slots `ahead` rows on (or nullptr past the end)
     for (int t = 0; t < kTile; ++t) {
       const int n = n0 + t + ahead;
-      future[t] = n < num_rows ? item.v_layer + item.rows[n] * head_dim : nullptr;
+      future[t] = !early && n < num_rows ? item.v_layer + item.rows[n] * head_dim : nullptr;
     }
+    if (early)
+      for (int n = n0 / kTile * next_per_tile, end = n + next_per_tile; n < end && n < next_rows;
+           ++n)
+        for (int byte = 0; byte < span; byte += 64)
+          __builtin_prefetch(item.next_k_layer + item.next_rows[n] * head_dim + byte, 0, 3);
     for (int b = 0; b < kv_heads; ++b) {
-      const float* weights = item.weights + (b * stride + n0) * kHeads;
+      const float* weights = item.weights + b * kHeads * stride + n0;  // [kHeads, stride]
       for (int j0 = 0; j0 < head_dim; j0 += 16 * kVecs) {
         // Prefetches spread over the chunks: the same bytes of each future slot.
         for (int t = 0; t < kTile; ++t)
@@ -327,7 +353,7 @@ void FusedValuePass(const DecodeItem& item, int stride) {
           __m512 value[kVecs];
           for (int v = 0; v < kVecs; ++v) value[v] = DequantiseSixteenZmm(codes + 16 * v);
           for (int h = 0; h < kHeads; ++h) {
-            const __m512 weight = _mm512_set1_ps(weights[t * kHeads + h]);
+            const __m512 weight = _mm512_set1_ps(weights[h * stride + t]);
             for (int v = 0; v < kVecs; ++v)
               acc[h][v] = _mm512_fmadd_ps(weight, value[v], acc[h][v]);
           }

@@ -14,8 +14,9 @@ struct DecodeItem {
   // H KV heads of one request computed together (a fused item, shared indices only;
   // DecodeItemFusedAvx512); 1 otherwise. With H > 1 the per-head shapes below gain a
   // leading H: q, gate, out, q_f32, acc: [H * G, D]; lse: [H * G]; k_scale, v_scale:
-  // [H, N rounded up to 8]; scores: [H * G, N rounded up to 8]; weights: [H, N rounded
-  // up to 8, G]; rows are shared and k_layer / v_layer point at the first head.
+  // [H, N rounded up to 8]; scores: [H * G, N rounded up to 8]; weights: [H * G, N
+  // rounded up to 8] (the fused item keeps the scores' layout); rows are shared and
+  // k_layer / v_layer point at the first head.
   int kv_heads = 1;
   int head_dim = 0;       // D
   int num_rows = 0;       // N valid (non-negative) indices, duplicates included, N >= 1
@@ -43,7 +44,29 @@ struct DecodeItem {
   float* acc = nullptr;         // [G, D]
   float* row_buffer = nullptr;  // [8, D] floats: dequantised rows (bf16 keys on AVX-512)
   float* weights = nullptr;     // [N rounded up to 8, G] p * v_scale, row-major by row
+                                // (fused item: [H * G, N rounded up to 8])
+
+  // Fused items only (DecodeItemFusedAvx512). prefetch_values_early: the item is small
+  // (its V rows fit in L2 beside its K rows), so the score pass prefetches each tile's V
+  // rows and the value pass, instead of prefetching V, prefetches the first rows of K
+  // of the item that runs next on this thread: next_k_layer / next_rows [next_num_rows]
+  // (same layout as k_layer / rows; nullptr when none). An item of 64 rows otherwise
+  // starts both passes with a burst of misses that nothing overlaps.
+  bool prefetch_values_early = false;
+  const uint8_t* next_k_layer = nullptr;
+  const int64_t* next_rows = nullptr;
+  int next_num_rows = 0;
+  // Leading rows whose K lines the previous item's value pass already prefetched (the
+  // score pass skips them in its opening burst).
+  int prefetched_k_rows = 0;
 };
+
+// Rows of the next item that a fused item with prefetch_values_early prefetches: the
+// first min(prefetch_rows, next_num_rows).
+inline int NextItemPrefetchRows(const DecodeItem& item) {
+  if (item.next_rows == nullptr) return 0;
+  return item.next_num_rows < item.prefetch_rows ? item.next_num_rows : item.prefetch_rows;
+}
 
 void DecodeItemPortable(const DecodeItem& item);
 // Needs D % 16 == 0 and AVX2/FMA/F16C; bf16_scores also needs D % 32 == 0 and
