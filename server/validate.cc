@@ -42,19 +42,6 @@ absl::Status CheckBytes(const char* name, const v1::Tensor& t, int64_t elements,
   return absl::OkStatus();
 }
 
-// True when none of the n bf16 values at `bytes` is NaN or Inf (all exponent bits
-// set). No early exit, so the compiler vectorises it: this runs on every element of
-// every request (2.5k elements per request at 8 q heads, D 64).
-bool AllFiniteBf16(const char* bytes, int64_t n) {
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, bytes + 2 * i, 2);
-    bad |= static_cast<uint32_t>((bits & 0x7F80) == 0x7F80);
-  }
-  return bad == 0;
-}
-
 // bf16 tensor of exactly `shape`, no NaN or Inf.
 absl::Status CheckBf16(const char* name, const v1::Tensor& t, absl::Span<const int64_t> shape) {
   if (absl::Status s = CheckDtype(name, t, v1::BF16); !s.ok()) return s;
@@ -115,6 +102,31 @@ absl::Status CheckIndices(const v1::Tensor& t, int64_t position, const ModelShap
 }
 
 }  // namespace
+
+bool AllFiniteBf16(const char* bytes, int64_t n) {
+  // Four values per 64-bit word (SWAR): a value is NaN or Inf when its exponent bits
+  // 0x7F80 are all set, i.e. when d = (x & 0x7F80) ^ 0x7F80 is zero. A lane's d is 0 or
+  // at least 0x0080 and at most 0x7F80, so d + 0x7FFF carries into the lane's bit 15
+  // exactly when d != 0 and never out of the lane. The per-value loop this replaces
+  // stayed scalar at -O2 (~3 cycles per value, ~10 us per seed-shape request).
+  constexpr uint64_t kExponent = 0x7F807F807F807F80ull;
+  constexpr uint64_t kAdd = 0x7FFF7FFF7FFF7FFFull;
+  constexpr uint64_t kTop = 0x8000800080008000ull;
+  uint64_t bad = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    uint64_t w;
+    std::memcpy(&w, bytes + 2 * i, 8);
+    const uint64_t d = (w & kExponent) ^ kExponent;
+    bad |= ~(d + kAdd) & kTop;
+  }
+  for (; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes + 2 * i, 2);
+    bad |= static_cast<uint64_t>((bits & 0x7F80) == 0x7F80);
+  }
+  return bad == 0;
+}
 
 absl::Status ValidateSequenceId(const std::string& id, const char* field) {
   if (id.empty()) return Bad(absl::StrCat(field, " must not be empty"));

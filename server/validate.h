@@ -3,6 +3,8 @@
 // error is INVALID_ARGUMENT with a message naming the field.
 #pragma once
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "server/model_shape.h"
 #include "sparse_decode/v1/decode.pb.h"
@@ -14,6 +16,11 @@ absl::Status ValidateDecode(const sparse_decode::v1::DecodeRequest& request,
                             const ModelShape& model);
 absl::Status ValidateAppend(const sparse_decode::v1::AppendKVRequest& request,
                             const ModelShape& model);
+
+// True when none of the n bf16 values at `bytes` ([n] bf16 bits, any alignment) is NaN
+// or Inf (all exponent bits set). Branch-free: every request's q, gate, k and v pass
+// through it.
+bool AllFiniteBf16(const char* bytes, int64_t n);
 
 // True when the index list is [Hkv, K] (one list per KV head) rather than [K].
 // Only meaningful after ValidateDecode succeeded.

@@ -1,0 +1,65 @@
+// AllFiniteBf16 (server/validate.h): every NaN / Inf pattern at every position of
+// lengths around the 4-value word is found, and no finite value is flagged.
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/validate.h"
+
+namespace sds::server {
+namespace {
+
+// Random finite bf16 bits: any sign and mantissa, exponent 0..254.
+std::vector<uint16_t> FiniteValues(int64_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> exponent(0, 254), mantissa(0, 127), sign(0, 1);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v)
+    x = static_cast<uint16_t>(sign(rng) << 15 | exponent(rng) << 7 | mantissa(rng));
+  return v;
+}
+
+bool Finite(const std::vector<uint16_t>& v, int64_t offset_bytes) {
+  // An odd byte offset: the check must not assume aligned data (protobuf bytes).
+  std::string buffer(offset_bytes, '\x7f');
+  buffer.append(reinterpret_cast<const char*>(v.data()), v.size() * 2);
+  return AllFiniteBf16(buffer.data() + offset_bytes, static_cast<int64_t>(v.size()));
+}
+
+TEST(AllFiniteBf16, FindsEveryNanAndInfAtEveryPosition) {
+  std::mt19937 rng(20261129);
+  // +Inf, -Inf, quiet and signalling NaNs, NaN with the top mantissa bits, -NaN.
+  const uint16_t bad[] = {0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0x7FFF, 0xFFC1};
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 63, 64, 65, 130}) {
+    const std::vector<uint16_t> values = FiniteValues(n, rng);
+    for (int64_t offset : {0, 1}) {
+      ASSERT_TRUE(Finite(values, offset)) << "n " << n;
+      for (int64_t at = 0; at < n; ++at) {
+        for (uint16_t b : bad) {
+          std::vector<uint16_t> poisoned = values;
+          poisoned[at] = b;
+          EXPECT_FALSE(Finite(poisoned, offset))
+              << "n " << n << " at " << at << " bits 0x" << std::hex << b;
+        }
+      }
+    }
+  }
+}
+
+TEST(AllFiniteBf16, AcceptsTheFiniteExtremes) {
+  // Largest finite, its negative, zeros, smallest normal and subnormal, 1.0.
+  const std::vector<uint16_t> edges = {0x7F7F, 0xFF7F, 0x0000, 0x8000,
+                                       0x0080, 0x0001, 0x3F80, 0x7F00};
+  for (size_t rotate = 0; rotate < edges.size(); ++rotate) {
+    std::vector<uint16_t> v(edges.begin() + rotate, edges.end());
+    v.insert(v.end(), edges.begin(), edges.begin() + rotate);
+    EXPECT_TRUE(Finite(v, 0));
+    EXPECT_TRUE(Finite(v, 1));
+  }
+  EXPECT_TRUE(AllFiniteBf16(nullptr, 0));
+}
+
+}  // namespace
+}  // namespace sds::server
