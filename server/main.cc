@@ -23,6 +23,7 @@
 #include "server/backend_select.h"
 #include "server/batcher.h"
 #include "server/executor.h"
+#include "server/heap_tuning.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/options.h"
@@ -261,6 +262,8 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
+  if (!sds::KeepFreedHeapMemory())
+    spdlog::warn("mallopt refused the heap settings of server/heap_tuning.h");
   const auto level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(level);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
