@@ -145,10 +145,10 @@ struct NextFused {
   int num_rows = 0;
 };
 
-// What RunFusedBlock tells the next item of its thread: how many of its leading K rows
-// were prefetched already.
+// What RunFusedBlock tells the next item of its thread: whether its K and V rows were
+// prefetched already.
 struct FusedHandOff {
-  int prefetched_k_rows = 0;
+  bool rows_prefetched = false;
 };
 
 // Items whose V bytes are at most this prefetch their V rows during the score pass
@@ -210,16 +210,20 @@ FusedHandOff RunFusedBlock(const CacheView& cache, const DecodeBatch& batch, con
   work.bf16_scores = true;
   work.prefetch_values_early =
       static_cast<int64_t>(num_rows) * kv_heads * head_dim <= kEarlyValueBytes;
-  work.prefetched_k_rows = previous.prefetched_k_rows;
-  if (work.prefetch_values_early && next.num_rows > 0) {
-    work.next_k_layer = cache.k + static_cast<int64_t>(batch.layer[next.b]) * geo.LayerElements() +
-                        static_cast<int64_t>(block.first_head) * head_dim;
+  work.rows_prefetched = previous.rows_prefetched;
+  // The next item's rows are prefetched a whole item ahead when both items are small.
+  FusedHandOff hand_off;
+  if (work.prefetch_values_early && next.num_rows > 0 &&
+      static_cast<int64_t>(next.num_rows) * kv_heads * head_dim <= kEarlyValueBytes) {
+    const int64_t next_base = static_cast<int64_t>(batch.layer[next.b]) * geo.LayerElements() +
+                              static_cast<int64_t>(block.first_head) * head_dim;
+    work.next_k_layer = cache.k + next_base;
+    work.next_v_layer = cache.v + next_base;
     work.next_rows = next.rows;
     work.next_num_rows = next.num_rows;
+    hand_off.rows_prefetched = true;
   }
   cpu_internal::DecodeItemFusedAvx512(work);
-  FusedHandOff hand_off;
-  hand_off.prefetched_k_rows = cpu_internal::NextItemPrefetchRows(work);
   return hand_off;
 }
 

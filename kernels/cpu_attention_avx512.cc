@@ -217,17 +217,22 @@ void FusedScorePass(const DecodeItem& item, int stride) {
   uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [H * G, D] bf16, permuted
   PermuteQuery(item.q, kv_heads * kHeads * head_dim, query);
   const TableKeys lookup = LoadTableKeys();
-  for (int n = item.prefetched_k_rows; n < ahead && n < stride; ++n)
-    for (int byte = 0; byte < span; byte += 64)
-      __builtin_prefetch(item.k_layer + item.rows[n] * head_dim + byte, 0, 3);
+  const bool own = !item.rows_prefetched;  // else the previous item prefetched K and V
+  if (own)
+    for (int n = 0; n < ahead && n < stride; ++n)
+      for (int byte = 0; byte < span; byte += 64)
+        __builtin_prefetch(item.k_layer + item.rows[n] * head_dim + byte, 0, 3);
+  const int next_rows = item.next_rows == nullptr ? 0 : item.next_num_rows;
   for (int n0 = 0; n0 < stride; n0 += kRows) {
     const uint8_t* codes[kRows];
     const uint8_t* future[kRows];  // the slots `ahead` rows on (or nullptr past the end)
     for (int t = 0; t < kRows; ++t) {
       codes[t] = item.k_layer + item.rows[n0 + t] * head_dim;
       const int n = n0 + t + ahead;
-      future[t] = n < stride ? item.k_layer + item.rows[n] * head_dim : nullptr;
+      future[t] = own && n < stride ? item.k_layer + item.rows[n] * head_dim : nullptr;
     }
+    // The next item's K rows that fall to this tile (the same share of its rows).
+    const int next_begin = n0 * next_rows / stride, next_end = (n0 + kRows) * next_rows / stride;
     for (int b = 0; b < kv_heads; ++b) {
       // Prefetches spread over the heads (a few lines at a time, so none are dropped):
       // head b's D bytes of each future slot.
@@ -235,11 +240,15 @@ void FusedScorePass(const DecodeItem& item, int stride) {
         if (future[t] != nullptr)
           for (int byte = 0; byte < head_dim; byte += 64)
             __builtin_prefetch(future[t] + b * head_dim + byte, 0, 3);
-      if (item.prefetch_values_early)  // this tile's V rows, for the value pass
+      if (own && item.prefetch_values_early)  // this tile's V rows, for the value pass
         for (int t = 0; t < kRows; ++t)
           for (int byte = 0; byte < head_dim; byte += 64)
             __builtin_prefetch(item.v_layer + item.rows[n0 + t] * head_dim + b * head_dim + byte, 0,
                                3);
+      for (int n = next_begin; n < next_end; ++n)
+        for (int byte = 0; byte < head_dim; byte += 64)
+          __builtin_prefetch(item.next_k_layer + item.next_rows[n] * head_dim + b * head_dim + byte,
+                             0, 3);
       float factor[kRows];
       for (int t = 0; t < kRows; ++t)
         factor[t] = item.k_scale[b * stride + n0 + t] * item.inv_sqrt_d;
@@ -313,15 +322,13 @@ void FusedValuePass(const DecodeItem& item, int stride) {
     }
   for (int e = 0; e < kv_heads * kHeads * head_dim; e += 16)
     _mm512_storeu_ps(item.acc + e, _mm512_setzero_ps());
-  const bool early = item.prefetch_values_early;  // V already prefetched by the score pass
+  // V rows already prefetched: by the score pass, or by the previous item.
+  const bool early = item.prefetch_values_early || item.rows_prefetched;
   if (!early)
     for (int n = 0; n < ahead && n < num_rows; ++n)
       for (int byte = 0; byte < span; byte += 64)
         __builtin_prefetch(item.v_layer + item.rows[n] * head_dim + byte, 0, 3);
-  // With `early`, the next item's first `ahead` K rows instead, a few per tile.
-  const int next_rows = NextItemPrefetchRows(item);
-  const int tiles = (num_rows + kTile - 1) / kTile;
-  const int next_per_tile = (next_rows + tiles - 1) / tiles;
+  const int next_rows = item.next_rows == nullptr ? 0 : item.next_num_rows;
   for (int n0 = 0; n0 < num_rows; n0 += kTile) {
     const int count = num_rows - n0 < kTile ? num_rows - n0 : kTile;
     const uint8_t* future[kTile];  // the slots `ahead` rows on (or nullptr past the end)
@@ -329,11 +336,10 @@ void FusedValuePass(const DecodeItem& item, int stride) {
       const int n = n0 + t + ahead;
       future[t] = !early && n < num_rows ? item.v_layer + item.rows[n] * head_dim : nullptr;
     }
-    if (early)
-      for (int n = n0 / kTile * next_per_tile, end = n + next_per_tile; n < end && n < next_rows;
-           ++n)
-        for (int byte = 0; byte < span; byte += 64)
-          __builtin_prefetch(item.next_k_layer + item.next_rows[n] * head_dim + byte, 0, 3);
+    // The next item's V rows that fall to this tile (the same share of its rows).
+    for (int n = n0 * next_rows / num_rows, end = (n0 + count) * next_rows / num_rows; n < end; ++n)
+      for (int byte = 0; byte < span; byte += 64)
+        __builtin_prefetch(item.next_v_layer + item.next_rows[n] * head_dim + byte, 0, 3);
     for (int b = 0; b < kv_heads; ++b) {
       const float* weights = item.weights + b * kHeads * stride + n0;  // [kHeads, stride]
       for (int j0 = 0; j0 < head_dim; j0 += 16 * kVecs) {

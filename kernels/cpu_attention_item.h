@@ -46,27 +46,20 @@ struct DecodeItem {
   float* weights = nullptr;     // [N rounded up to 8, G] p * v_scale, row-major by row
                                 // (fused item: [H * G, N rounded up to 8])
 
-  // Fused items only (DecodeItemFusedAvx512). prefetch_values_early: the item is small
-  // (its V rows fit in L2 beside its K rows), so the score pass prefetches each tile's V
-  // rows and the value pass, instead of prefetching V, prefetches the first rows of K
-  // of the item that runs next on this thread: next_k_layer / next_rows [next_num_rows]
-  // (same layout as k_layer / rows; nullptr when none). An item of 64 rows otherwise
-  // starts both passes with a burst of misses that nothing overlaps.
+  // Fused items only (DecodeItemFusedAvx512), for small items (V bytes within L2
+  // beside K), which otherwise start each pass with a burst of misses that nothing
+  // overlaps. prefetch_values_early: the score pass prefetches each tile's V rows.
+  // next_*: the fused item that runs next on this thread (same layout as k_layer,
+  // v_layer, rows; next_rows == nullptr when none): its K rows are prefetched spread over
+  // this item's score pass and its V rows over the value pass, a whole item ahead.
+  // rows_prefetched: the previous item did that for this one (no own K/V prefetches).
   bool prefetch_values_early = false;
   const uint8_t* next_k_layer = nullptr;
-  const int64_t* next_rows = nullptr;
+  const uint8_t* next_v_layer = nullptr;
+  const int64_t* next_rows = nullptr;  // [next_num_rows]
   int next_num_rows = 0;
-  // Leading rows whose K lines the previous item's value pass already prefetched (the
-  // score pass skips them in its opening burst).
-  int prefetched_k_rows = 0;
+  bool rows_prefetched = false;
 };
-
-// Rows of the next item that a fused item with prefetch_values_early prefetches: the
-// first min(prefetch_rows, next_num_rows).
-inline int NextItemPrefetchRows(const DecodeItem& item) {
-  if (item.next_rows == nullptr) return 0;
-  return item.next_num_rows < item.prefetch_rows ? item.next_num_rows : item.prefetch_rows;
-}
 
 void DecodeItemPortable(const DecodeItem& item);
 // Needs D % 16 == 0 and AVX2/FMA/F16C; bf16_scores also needs D % 32 == 0 and
