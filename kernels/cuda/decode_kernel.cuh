@@ -2,11 +2,13 @@
 // 512-token chunk). Every selected K/V row is copied from HBM into shared memory once
 // (cp.async, a ring of kStages steps per warp) and serves all G query heads of its KV head
 // through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
-//   QK: S^T[16 heads x 8 tokens] += Q[16 heads x 16 d] * K^T[16 d x 8 tokens]
+//   QK, G > 8:  S^T[16 heads x 8 tokens] += Q[16 heads x 16 d] * K^T[16 d x 8 tokens]
+//   QK, G <= 8: S[16 tokens x 8 heads]   += K[16 tokens x 16 d] * Q^T[16 d x 8 heads]
 //   PV, G > 8:  O[16 heads x 8 d]    += P[16 heads x 16 tokens] * V[16 tokens x 8 d]
 //   PV, G <= 8: O^T[16 d x 8 heads]  += V^T[16 d x 16 tokens] * P^T[16 tokens x 8 heads]
-// The QK accumulator layout is the PV A-operand layout (G > 8) and the P^T B-operand
-// layout (G <= 8, no padded head rows), so P never leaves registers.
+// so G <= 8 spends no MMA on padded head rows. The QK accumulator layout is the PV
+// A-operand layout (G > 8); for G <= 8 two movmatrix transposes per 16 tokens turn it
+// into the P^T B-operand layout. P never leaves registers.
 // Online softmax in base 2. In per_token_head mode the V scale is folded into the
 // exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
 // A request with several chunks writes f32 partials, merged in chunk order by chunk 0
@@ -391,9 +393,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   for (int j = 0; j < kAccTiles; ++j)
 #pragma unroll
     for (int c = 0; c < kAccRegs; ++c) o[j][c] = 0.0f;
-  float m_s[kR], m_u[kR], l_s[kR];
+  // Running softmax statistics. G > 8: of heads grp + 8 r (r < kR), summed over this
+  // lane's tokens. G <= 8 (kTransposed): of heads 2 tig + e (e < 2), summed over this
+  // lane's tokens grp, grp + 8 (the QK tile is S[16 tokens x 8 heads] there).
+  constexpr int kStats = kTransposed ? 2 : kR;
+  float m_s[kStats], m_u[kStats], l_s[kStats];
 #pragma unroll
-  for (int r = 0; r < kR; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
+  for (int r = 0; r < kStats; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
 
   for (int i = 0; i < my_steps; ++i) {
     if (i + T::kStages - 1 < my_steps) issue(i + T::kStages - 1);
@@ -403,137 +409,198 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     const uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
     const int tok0 = (warp + kDecodeWarps * i) * kDecodeStepTokens;
 
-    // QK^T for tokens tok0 + nt * 8 + n (n = grp holds the K row in the B operand).
-    float s[2][4];
-    {
-      uint32_t kw[2][T::kKSteps];
+    // P as f16 words for the PV MMAs, hi + lo (PackHalf2Split): two MMAs per tile keep
+    // ~22 bits of each p. G > 8: the A operand P[16 heads x 16 tokens]; G <= 8: the B
+    // operand P^T[16 tokens x 8 heads] (pa1, pa3, pl1, pl3 unused).
+    uint32_t pa0, pa1 = 0u, pa2, pa3 = 0u, pl0, pl1 = 0u, pl2, pl3 = 0u;
+    if constexpr (kTransposed) {
+      // QK with K as the A operand: S[16 tokens x 8 heads] = K[16 tokens x 16 d] *
+      // Q^T[16 d x 8 heads] per k-step, half the MMAs of Q as the A operand (whose rows
+      // 8..15 would be padding). A: K rows grp, grp + 8, this lane's d pieces (the same
+      // d order as the Q fragments, so the dot products pair up); B: the Q fragment
+      // (head grp). C: c0, c1 = tokens grp x heads 2tig, 2tig + 1; c2, c3 = grp + 8.
+      float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sc_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      {
+        uint32_t kw[2][T::kKSteps];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int r = nt * 8 + grp;
+        for (int half = 0; half < 2; ++half) {
+          const int r = half * 8 + grp;
 #pragma unroll
-        for (int c = 0; c < D / 64; ++c) {
-          const uint4 v = LoadShared16(st + T::Piece(r, tig * (D / 64) + c));
-          kw[nt][4 * c + 0] = v.x;
-          kw[nt][4 * c + 1] = v.y;
-          kw[nt][4 * c + 2] = v.z;
-          kw[nt][4 * c + 3] = v.w;
+          for (int c = 0; c < D / 64; ++c) {
+            const uint4 v = LoadShared16(st + T::Piece(r, tig * (D / 64) + c));
+            kw[half][4 * c + 0] = v.x;
+            kw[half][4 * c + 1] = v.y;
+            kw[half][4 * c + 2] = v.z;
+            kw[half][4 * c + 3] = v.w;
+          }
+        }
+        // Odd k-steps into a second accumulator: two dependent chains of kKSteps / 2.
+#pragma unroll
+        for (int ks = 0; ks < T::kKSteps; ++ks) {
+          const uint2 q = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
+          uint32_t k0lo, k0hi, k1lo, k1hi;
+          Fp8x4ToHalf2x2(kw[0][ks], k0lo, k0hi);
+          Fp8x4ToHalf2x2(kw[1][ks], k1lo, k1hi);
+          MmaF16((ks & 1) ? sc_odd : sc, k0lo, k1lo, k0hi, k1hi, q.x, q.y);
         }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) s[nt][c] = 0.0f;
+        for (int c = 0; c < 4; ++c) sc[c] += sc_odd[c];
       }
-      // G <= 8: odd k-steps into a second accumulator, half the dependent MMA chain
-      // (1 request: -0.3 us; +5 registers, which G > 8 cannot spare: bench/RESULTS.md).
-      constexpr bool kQkSplit = kRows == 8;
-      float s_odd[2][4] = {};
+      // Tokens grp (row a) and grp + 8 (row b): skipped ones masked, scaled to log2.
+      const int ja = tok0 + grp, jb = tok0 + 8 + grp;
+      const bool valid_a = rows[ja] >= 0, valid_b = rows[jb] >= 0;
+      const float kf_a = kPerToken ? kf_tab[ja] * qinv : kf_const;
+      const float kf_b = kPerToken ? kf_tab[jb] * qinv : kf_const;
+      const float vl_a = kPerToken ? vl_tab[ja] : 0.0f, vl_b = kPerToken ? vl_tab[jb] : 0.0f;
+      float pr[4];  // P (f32) in the C layout: [e] token grp, [2 + e] token grp + 8
 #pragma unroll
-      for (int ks = 0; ks < T::kKSteps; ++ks) {
-        uint4 a;
-        if constexpr (kRows == 16) {
-          a = reinterpret_cast<const uint4*>(qfrag)[ks * 32 + lane];
-        } else {
-          const uint2 a2 = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
-          a = make_uint4(a2.x, 0u, a2.y, 0u);
+      for (int e = 0; e < 2; ++e) {  // head 2 tig + e
+        const float sa = valid_a ? sc[e] * kf_a : NegInf();
+        const float sb = valid_b ? sc[2 + e] * kf_b : NegInf();
+        // Max over the 16 tokens: this lane's two, then the 8 lanes of this tig.
+        float mx = fmaxf(sa, sb);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_s[e], mx);
+        const float base = m_new == NegInf() ? 0.0f : m_new;
+        const float alpha = FastExp2(m_s[e] - base);
+        m_s[e] = m_new;
+        const float pa = FastExp2(sa - base), pb = FastExp2(sb - base);
+        l_s[e] = l_s[e] * alpha + (pa + pb);
+        pr[e] = pa;
+        pr[2 + e] = pb;
+        float alpha_o = alpha;
+        if constexpr (kPerToken) {
+          const float ua = sa + vl_a, ub = sb + vl_b;
+          float mxu = fmaxf(ua, ub);
+          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 4));
+          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 8));
+          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 16));
+          const float mu_new = fmaxf(m_u[e], mxu);
+          const float base_u = mu_new == NegInf() ? 0.0f : mu_new;
+          alpha_o = FastExp2(m_u[e] - base_u);
+          m_u[e] = mu_new;
+          pr[e] = FastExp2(ua - base_u);
+          pr[2 + e] = FastExp2(ub - base_u);
         }
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          uint32_t b0, b1;
-          Fp8x4ToHalf2x2(kw[nt][ks], b0, b1);
-          MmaF16(kQkSplit && (ks & 1) ? s_odd[nt] : s[nt], a.x, a.y, a.z, a.w, b0, b1);
-        }
-      }
-      if constexpr (kQkSplit) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) s[nt][c] += s_odd[nt][c];
-      }
-    }
-
-    // Scale to log2 units, mask skipped tokens, online softmax per head row.
-    float kf[2][2], vl[2][2];
-    bool valid[2][2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int j = tok0 + nt * 8 + 2 * tig;
-      const int2 rr = *reinterpret_cast<const int2*>(rows + j);
-      valid[nt][0] = rr.x >= 0;
-      valid[nt][1] = rr.y >= 0;
-      if constexpr (kPerToken) {
-        const float2 kk = *reinterpret_cast<const float2*>(kf_tab + j);
-        const float2 vv = *reinterpret_cast<const float2*>(vl_tab + j);
-        kf[nt][0] = kk.x * qinv, kf[nt][1] = kk.y * qinv, vl[nt][0] = vv.x, vl[nt][1] = vv.y;
-      } else {
-        kf[nt][0] = kf[nt][1] = kf_const;
-        vl[nt][0] = vl[nt][1] = 0.0f;
-      }
-    }
-    float pr[2][4];  // P (f32) in the QK accumulator layout
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      float sv[2][2], uv[2][2];
-      float mx = NegInf(), mxu = NegInf();
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          sv[nt][e] = valid[nt][e] ? s[nt][2 * r + e] * kf[nt][e] : NegInf();
-          uv[nt][e] = sv[nt][e] + vl[nt][e];
-          mx = fmaxf(mx, sv[nt][e]);
-          mxu = fmaxf(mxu, uv[nt][e]);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_s[r], mx);
-      const float base = m_new == NegInf() ? 0.0f : m_new;
-      const float alpha = FastExp2(m_s[r] - base);
-      m_s[r] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float ps = FastExp2(sv[nt][e] - base);
-          sum += ps;
-          pr[nt][2 * r + e] = ps;
-        }
-      l_s[r] = l_s[r] * alpha + sum;
-      float alpha_o = alpha;
-      if constexpr (kPerToken) {
-        mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 1));
-        mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 2));
-        const float mu_new = fmaxf(m_u[r], mxu);
-        const float base_u = mu_new == NegInf() ? 0.0f : mu_new;
-        alpha_o = FastExp2(m_u[r] - base_u);
-        m_u[r] = mu_new;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - base_u);
-      }
-      if constexpr (kTransposed) {
-        // Columns are heads 2 tig, 2 tig + 1: their factors live in lanes 4 * head.
-        const float a_even = __shfl_sync(0xffffffffu, alpha_o, 8 * tig);
-        const float a_odd = __shfl_sync(0xffffffffu, alpha_o, 8 * tig + 4);
+        // O^T columns are heads 2 tig, 2 tig + 1: this lane's own statistics.
 #pragma unroll
         for (int mt = 0; mt < kAccTiles; ++mt) {
-          o[mt][0] *= a_even;
-          o[mt][1] *= a_odd;
-          o[mt][2] *= a_even;
-          o[mt][3] *= a_odd;
+          o[mt][e] *= alpha_o;
+          o[mt][2 + e] *= alpha_o;
         }
-      } else {
+      }
+      // [token][head] words -> P^T B fragments (tokens 2tig, 2tig + 1 | + 8, head grp).
+      uint32_t ha, la, hb, lb;
+      PackHalf2Split(pr[0], pr[1], ha, la);
+      PackHalf2Split(pr[2], pr[3], hb, lb);
+      pa0 = TransposeHalf8x8(ha);
+      pl0 = TransposeHalf8x8(la);
+      pa2 = TransposeHalf8x8(hb);
+      pl2 = TransposeHalf8x8(lb);
+    } else {
+      // QK^T for tokens tok0 + nt * 8 + n (n = grp holds the K row in the B operand).
+      float s[2][4];
+      {
+        uint32_t kw[2][T::kKSteps];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int r = nt * 8 + grp;
+#pragma unroll
+          for (int c = 0; c < D / 64; ++c) {
+            const uint4 v = LoadShared16(st + T::Piece(r, tig * (D / 64) + c));
+            kw[nt][4 * c + 0] = v.x;
+            kw[nt][4 * c + 1] = v.y;
+            kw[nt][4 * c + 2] = v.z;
+            kw[nt][4 * c + 3] = v.w;
+          }
+#pragma unroll
+          for (int c = 0; c < 4; ++c) s[nt][c] = 0.0f;
+        }
+        // One accumulator chain per n-tile: a split like G <= 8's would cost registers
+        // that G > 8 cannot spare (bench/RESULTS.md).
+#pragma unroll
+        for (int ks = 0; ks < T::kKSteps; ++ks) {
+          const uint4 a = reinterpret_cast<const uint4*>(qfrag)[ks * 32 + lane];
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            uint32_t b0, b1;
+            Fp8x4ToHalf2x2(kw[nt][ks], b0, b1);
+            MmaF16(s[nt], a.x, a.y, a.z, a.w, b0, b1);
+          }
+        }
+      }
+
+      // Scale to log2 units, mask skipped tokens, online softmax per head row.
+      float kf[2][2], vl[2][2];
+      bool valid[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = tok0 + nt * 8 + 2 * tig;
+        const int2 rr = *reinterpret_cast<const int2*>(rows + j);
+        valid[nt][0] = rr.x >= 0;
+        valid[nt][1] = rr.y >= 0;
+        if constexpr (kPerToken) {
+          const float2 kk = *reinterpret_cast<const float2*>(kf_tab + j);
+          const float2 vv = *reinterpret_cast<const float2*>(vl_tab + j);
+          kf[nt][0] = kk.x * qinv, kf[nt][1] = kk.y * qinv, vl[nt][0] = vv.x, vl[nt][1] = vv.y;
+        } else {
+          kf[nt][0] = kf[nt][1] = kf_const;
+          vl[nt][0] = vl[nt][1] = 0.0f;
+        }
+      }
+      float pr[2][4];  // P (f32) in the QK accumulator layout
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        float sv[2][2], uv[2][2];
+        float mx = NegInf(), mxu = NegInf();
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            sv[nt][e] = valid[nt][e] ? s[nt][2 * r + e] * kf[nt][e] : NegInf();
+            uv[nt][e] = sv[nt][e] + vl[nt][e];
+            mx = fmaxf(mx, sv[nt][e]);
+            mxu = fmaxf(mxu, uv[nt][e]);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_s[r], mx);
+        const float base = m_new == NegInf() ? 0.0f : m_new;
+        const float alpha = FastExp2(m_s[r] - base);
+        m_s[r] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float ps = FastExp2(sv[nt][e] - base);
+            sum += ps;
+            pr[nt][2 * r + e] = ps;
+          }
+        l_s[r] = l_s[r] * alpha + sum;
+        float alpha_o = alpha;
+        if constexpr (kPerToken) {
+          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 1));
+          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 2));
+          const float mu_new = fmaxf(m_u[r], mxu);
+          const float base_u = mu_new == NegInf() ? 0.0f : mu_new;
+          alpha_o = FastExp2(m_u[r] - base_u);
+          m_u[r] = mu_new;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - base_u);
+        }
 #pragma unroll
         for (int j = 0; j < T::kPvTiles; ++j) {
           o[j][2 * r] *= alpha_o;
           o[j][2 * r + 1] *= alpha_o;
         }
       }
-    }
-    // P as f16 hi + lo (PackHalf2Split): two MMAs per tile keep ~22 bits of each p.
-    uint32_t pa0, pa1 = 0u, pa2, pa3 = 0u, pl0, pl1 = 0u, pl2, pl3 = 0u;
-    PackHalf2Split(pr[0][0], pr[0][1], pa0, pl0);
-    PackHalf2Split(pr[1][0], pr[1][1], pa2, pl2);
-    if constexpr (kRows == 16) {
+      PackHalf2Split(pr[0][0], pr[0][1], pa0, pl0);
+      PackHalf2Split(pr[1][0], pr[1][1], pa2, pl2);
       PackHalf2Split(pr[0][2], pr[0][3], pa1, pl1);
       PackHalf2Split(pr[1][2], pr[1][3], pa3, pl3);
     }
@@ -572,7 +639,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
         if constexpr (kTransposed) {
           // A = V^T rows (d0, d0 + 1) x tokens: b0[2h], b0[2h + 1] (tokens 2tig, 2tig + 1)
           // and b1[2h], b1[2h + 1] (2tig + 8, 2tig + 9) for d0 = grp * D/8 + 4k + 2h;
-          // B = P^T: the QK accumulator layout as it stands.
+          // B = P^T (tokens 2tig, 2tig + 1 | + 8 x head grp), transposed from the QK tile.
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             float(&oj)[4] = o[2 * k + h];
@@ -594,10 +661,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   CpAsyncWait<0>();
 
   // ---- 4. Merge the 4 warps (fixed order) through shared memory. ----
+  // l: the sum over the lanes that hold a head's other tokens (G > 8: the 4 tig lanes;
+  // G <= 8: the 8 grp lanes).
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 1);
-    l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 2);
+  for (int r = 0; r < kStats; ++r) {
+    if constexpr (kTransposed) {
+      l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 4);
+      l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 8);
+      l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 16);
+    } else {
+      l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 1);
+      l_s[r] += __shfl_xor_sync(0xffffffffu, l_s[r], 2);
+    }
     if constexpr (!kPerToken) m_u[r] = m_s[r];
   }
   __syncthreads();  // every warp is done with the ring: reuse it as scratch
@@ -615,26 +690,32 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
           dst[T::OutColT(g, d)] = o[mt][e];
           dst[T::OutColT(g, d + 1)] = o[mt][2 + e];
         }
+        if (grp == 0) {
+          float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
+          sp[0] = m_s[e];
+          sp[1] = m_u[e];
+          sp[2] = l_s[e];
+        }
       }
     }
   }
+  if constexpr (!kTransposed) {
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    const int g = grp + 8 * r;
-    if (g < G) {
-      if constexpr (!kTransposed) {
+    for (int r = 0; r < kR; ++r) {
+      const int g = grp + 8 * r;
+      if (g < G) {
         float* dst = ow + (warp * G + g) * D;
 #pragma unroll
         for (int j = 0; j < T::kPvTiles; ++j) {
           dst[T::OutCol(g, 2 * tig * (D / 8) + j)] = o[j][2 * r];
           dst[T::OutCol(g, (2 * tig + 1) * (D / 8) + j)] = o[j][2 * r + 1];
         }
-      }
-      if (tig == 0) {
-        float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
-        sp[0] = m_s[r];
-        sp[1] = m_u[r];
-        sp[2] = l_s[r];
+        if (tig == 0) {
+          float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
+          sp[0] = m_s[r];
+          sp[1] = m_u[r];
+          sp[2] = l_s[r];
+        }
       }
     }
   }

@@ -39,6 +39,14 @@ __device__ __forceinline__ void PackHalf2Split(float first, float second, uint32
   lo = PackHalf2(first - first_hi, second - second_hi);
 }
 
+// The warp's 8x8 b16 matrix, one f16x2 word per lane (lane holds row lane / 4, columns
+// 2 (lane % 4), + 1), transposed in the same layout (movmatrix).
+__device__ __forceinline__ uint32_t TransposeHalf8x8(uint32_t word) {
+  uint32_t out;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(out) : "r"(word));
+  return out;
+}
+
 // c[4] += A(16x16, row) * B(16x8, col); f16 inputs, f32 accumulators.
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
