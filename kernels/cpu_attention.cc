@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,7 +22,7 @@ using cpu_internal::DecodeItem;
 // Per-thread scratch, grown on demand and reused across calls.
 struct ItemScratch {
   std::vector<int64_t> rows;  // base rows (slot * Hkv) of the current index list
-  // RunRequests: base rows of the current and the next request (b % 2).
+  // RunRequests: base rows of the current and the next request.
   std::vector<int64_t> pipelined_rows[2];
   std::vector<float> k_scale, v_scale, scores, q_f32, acc, row_buffer, weights;
 };
@@ -261,54 +262,53 @@ void RunBlock(const CacheView& cache, const DecodeBatch& batch, const HeadBlock&
   }
 }
 
-// Runs requests [begin, end) whole (all KV heads), one after another on this thread.
-// Where a request runs as one fused item (shared indices, kAvx512Bf16, shape
-// supported), the next request's rows are gathered first, so that the current item's
-// value pass prefetches the next item's K rows; other requests go through RunBlock.
-void RunRequests(const CacheView& cache, const DecodeBatch& batch, int begin, int end,
+// Runs whole requests (all KV heads) one after another on this thread, each taken from
+// `claim` (a request index, or -1 when none is left). The next request is claimed, and
+// its rows gathered, before the current one runs, so that where both run as fused items
+// (shared indices, kAvx512Bf16, shape supported) the current item prefetches the next
+// one's K/V rows; other requests go through RunBlock. Which thread runs which request
+// never changes an output bit.
+template <typename Claim>
+void RunRequests(const CacheView& cache, const DecodeBatch& batch, Claim& claim,
                  CpuKernelPath path) {
   ItemScratch& scratch = ThreadScratch();
   const CacheGeometry& geo = cache.geo;
   const int group = batch.num_q_heads / geo.num_kv_heads;
   const bool fusable =
       path == CpuKernelPath::kAvx512Bf16 && cpu_internal::FusedItemSupported(group, geo.head_dim);
-  // Gathers request b's rows into pipelined_rows[b % 2]; returns N, or 0 when b does
-  // not run as a fused item (no valid index, per-KV-head lists, or not fusable).
-  auto gather = [&](int b) {
+  // Gathers request b's rows into pipelined_rows[slot]; returns N, or 0 when b does not
+  // run as a fused item (no valid index, per-KV-head lists, or not fusable).
+  auto gather = [&](int b, int slot) {
     if (!fusable || batch.indices_per_kv_head[b]) return 0;
     const int32_t topk = batch.topk[b];
-    int64_t* rows = Grow(scratch.pipelined_rows[b % 2], (static_cast<size_t>(topk) + 7) / 8 * 8);
+    int64_t* rows = Grow(scratch.pipelined_rows[slot], (static_cast<size_t>(topk) + 7) / 8 * 8);
     return GatherBaseRows(geo, batch.page_table + batch.page_table_offset[b],
                           batch.indices + batch.index_offset[b], topk, rows);
   };
-  int num_rows = gather(begin);
+  int b = claim();
+  if (b < 0) return;
+  int slot = 0;  // pipelined_rows[slot] holds b's rows, the other slot the next's
+  int num_rows = gather(b, slot);
   FusedHandOff hand_off;
-  for (int b = begin; b < end; ++b) {
+  while (b >= 0) {
     NextFused next;
-    if (b + 1 < end) {
-      next.b = b + 1;
-      next.num_rows = gather(b + 1);
-      next.rows = scratch.pipelined_rows[(b + 1) % 2].data();
+    next.b = claim();
+    if (next.b >= 0) {
+      next.num_rows = gather(next.b, slot ^ 1);
+      next.rows = scratch.pipelined_rows[slot ^ 1].data();
     }
     const HeadBlock block{b, 0, geo.num_kv_heads};
     if (num_rows > 0) {
-      hand_off = RunFusedBlock(cache, batch, block, scratch.pipelined_rows[b % 2].data(), num_rows,
+      hand_off = RunFusedBlock(cache, batch, block, scratch.pipelined_rows[slot].data(), num_rows,
                                next, hand_off, scratch);
     } else {
       RunBlock(cache, batch, block, path);
       hand_off = FusedHandOff{};
     }
+    b = next.b;
     num_rows = next.num_rows;
+    slot ^= 1;
   }
-}
-
-// Whole requests per work item when items are whole requests: enough items for every
-// thread to take about eight (the dynamic split evens out a thread that is descheduled
-// for a while), at most 8 requests each. Which requests share an item never changes an
-// output bit.
-int RequestsPerItem(int num_requests, int num_threads) {
-  const int per_item = num_requests / (8 * num_threads);
-  return per_item < 1 ? 1 : per_item > 8 ? 8 : per_item;
 }
 
 // KV heads per work item: all of them when the batch alone gives every thread several
@@ -385,18 +385,18 @@ void CpuDecode(const CacheView& cache, const DecodeBatch& batch, CpuThreadPool* 
   const int heads_per_item = HeadsPerItem(batch.num_requests, num_kv_heads, num_threads);
   const CpuKernelPath resolved = ResolveCpuKernelPath(path, cache.geo.head_dim);
   const bool pooled = pool != nullptr && !SmallBatch(batch, num_kv_heads);
-  if (heads_per_item == num_kv_heads) {  // items of whole requests
-    const int per_item =
-        pooled ? RequestsPerItem(batch.num_requests, num_threads) : batch.num_requests;
-    const int64_t num_items = (batch.num_requests + per_item - 1) / per_item;
-    auto run = [&](int64_t item) {
-      const int begin = static_cast<int>(item) * per_item;
-      RunRequests(cache, batch, begin, std::min(begin + per_item, batch.num_requests), resolved);
+  if (heads_per_item == num_kv_heads) {
+    // Whole requests, claimed one at a time by each taking thread (one pool item per
+    // thread: a thread that is slow to wake finds the requests taken and returns).
+    std::atomic<int> next_request{0};
+    auto claim = [&] {
+      const int b = next_request.fetch_add(1, std::memory_order_relaxed);
+      return b < batch.num_requests ? b : -1;
     };
     if (pooled) {
-      pool->ParallelFor(num_items, run);
+      pool->ParallelFor(num_threads, [&](int64_t) { RunRequests(cache, batch, claim, resolved); });
     } else {
-      run(0);
+      RunRequests(cache, batch, claim, resolved);
     }
     return;
   }
