@@ -22,7 +22,8 @@ echo "== GPU tests"
 $B/bin/sds_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
 rc=$?
 tail -n 30 "$OUT/gpu_tests.log"
-summary+=("gpu tests: rc=$rc ($(grep -cE '^\[       OK \]|^\[  PASSED' "$OUT/gpu_tests.log") ok lines)")
+passed=$(sed -nE 's/^\[  PASSED  \] ([0-9]+) tests?\.$/\1/p' "$OUT/gpu_tests.log" | tail -1)
+summary+=("gpu tests: rc=$rc, ${passed:-no} tests passed")
 [[ $rc -eq 0 ]] || status=1
 
 if [[ $quick -eq 0 ]]; then
@@ -54,7 +55,8 @@ rc=$?
 summary+=("bench: rc=$rc")
 
 echo "== ncu seed case"
-min_mb=$(awk '$1=="seed"{print $5}' "$OUT/bench.log" | head -1)
+# Column 7 of the bench table is min_MB (case v1_us v2_us floor_us v1_rat v2_rat min_MB).
+min_mb=$(awk '$1=="seed" && NF >= 7 {print $7}' "$OUT/bench.log" | head -1)
 ncu --clock-control none --metrics dram__bytes_read.sum,gpu__time_duration.sum \
   -k regex:SparseDecode --launch-skip 3 --launch-count 1 \
   $B/bin/sds_gpu_bench --case seed --iters 1 >"$OUT/ncu_seed.log" 2>&1

@@ -3,7 +3,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -45,9 +44,10 @@ ABSL_FLAG(bool, eager_batching, false,
 ABSL_FLAG(bool, inline_idle_batches, false,
           "with --eager_batching: the RPC thread that queues work into an idle batcher runs "
           "that batch itself (no hand-off to the batcher's threads; CPU backend)");
-ABSL_FLAG(int32_t, staging_threads, 0,
-          "threads copying a batch's request tensors into staging; 0 = 4 on hosts of at "
-          "least 8 cores, else 1");
+ABSL_FLAG(int32_t, staging_threads, 1,
+          "threads copying a batch's request tensors into staging (batches of 16 or more); "
+          "1 = the batcher's thread alone (on the H200 host 4 measured within the run-to-run "
+          "spread, bench/RESULTS.md)");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
@@ -116,8 +116,6 @@ absl::Status CheckPositive(const char* flag, int64_t value) {
 
 }  // namespace
 
-int32_t StagingThreadsAuto() { return std::thread::hardware_concurrency() >= 8 ? 4 : 1; }
-
 const char* ScaleModeName(ScaleMode mode) {
   return mode == ScaleMode::kPerTokenHead ? "per_token_head" : "per_tensor";
 }
@@ -169,7 +167,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad(absl::StrCat("--page_size (", cache.page_size, ") must be a power of two"));
   }
   if (opt.max_queue_delay_us < 0) return Bad("--max_queue_delay_us must be >= 0");
-  if (opt.staging_threads < 0) return Bad("--staging_threads must be >= 0");
+  if (opt.staging_threads < 1) return Bad("--staging_threads must be >= 1");
   if (opt.inline_idle_batches && !opt.eager_batching) {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
   }

@@ -147,8 +147,7 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher_options.max_queue_depth = opt.max_queue_depth;
   batcher_options.eager = opt.eager_batching;
   batcher_options.run_on_submitter = opt.inline_idle_batches;
-  batcher_options.staging_threads =
-      opt.staging_threads > 0 ? opt.staging_threads : StagingThreadsAuto();
+  batcher_options.staging_threads = opt.staging_threads;
   Batcher batcher(batcher_options, executor->get(), std::move(staging));
   batcher.Start();
   spdlog::info(

@@ -19,7 +19,7 @@ struct ServerOptions {
   int32_t max_queue_depth = 0;
   bool eager_batching = false;
   bool inline_idle_batches = false;
-  int32_t staging_threads = 0;  // 0 = StagingThreadsAuto()
+  int32_t staging_threads = 1;
   int32_t drain_timeout_s = 0;
   std::string auth_token;  // empty = no authentication
 };
@@ -30,10 +30,5 @@ absl::StatusOr<ServerOptions> OptionsFromFlags();
 
 // "per_tensor" | "per_token_head".
 const char* ScaleModeName(ScaleMode mode);
-
-// --staging_threads=0: 4 on hosts of at least 8 hardware threads (spare cores copy a
-// large DecodeBatch into staging in parallel), else 1 (on a small host the cores are
-// busy with the clients and the maths).
-int32_t StagingThreadsAuto();
 
 }  // namespace sds::server

@@ -30,12 +30,22 @@
 #include "kernels/cuda/decode_params_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 
+// G <= 8: QK accumulator chains per warp (part of the arithmetic: the k-steps' sum
+// order). 2 measured 0.3 us faster than 1 for one request (bench/RESULTS.md);
+// -DSDS_DECODE_QK_CHAINS=4 builds the 4-chain experiment.
+#ifndef SDS_DECODE_QK_CHAINS
+#define SDS_DECODE_QK_CHAINS 2
+#endif
+
 // Minimum resident CTAs per SM asked of the register allocator (launch bounds).
 #ifndef SDS_DECODE_MIN_CTAS
 #define SDS_DECODE_MIN_CTAS 1
 #endif
 
 namespace sds::cuda {
+
+inline constexpr int kDecodeQkChains = SDS_DECODE_QK_CHAINS;
+static_assert(kDecodeQkChains == 1 || kDecodeQkChains == 2 || kDecodeQkChains == 4, "QK chains");
 
 // cp.async ring depth per warp for head_dim 128: 3 stages fit 4 CTAs per SM, which
 // measured 5% faster than 4 stages and 3 CTAs per SM on the H200 (bench/RESULTS.md).
@@ -419,7 +429,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
       // 8..15 would be padding). A: K rows grp, grp + 8, this lane's d pieces (the same
       // d order as the Q fragments, so the dot products pair up); B: the Q fragment
       // (head grp). C: c0, c1 = tokens grp x heads 2tig, 2tig + 1; c2, c3 = grp + 8.
-      float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sc_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float sc[4];
       {
         uint32_t kw[2][T::kKSteps];
 #pragma unroll
@@ -434,17 +444,23 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
             kw[half][4 * c + 3] = v.w;
           }
         }
-        // Odd k-steps into a second accumulator: two dependent chains of kKSteps / 2.
+        // k-step ks into accumulator ks % kDecodeQkChains: shorter dependent MMA chains,
+        // summed in chain order after the last k-step.
+        float acc[kDecodeQkChains][4] = {};
 #pragma unroll
         for (int ks = 0; ks < T::kKSteps; ++ks) {
           const uint2 q = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
           uint32_t k0lo, k0hi, k1lo, k1hi;
           Fp8x4ToHalf2x2(kw[0][ks], k0lo, k0hi);
           Fp8x4ToHalf2x2(kw[1][ks], k1lo, k1hi);
-          MmaF16((ks & 1) ? sc_odd : sc, k0lo, k1lo, k0hi, k1hi, q.x, q.y);
+          MmaF16(acc[ks % kDecodeQkChains], k0lo, k1lo, k0hi, k1hi, q.x, q.y);
         }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) sc[c] += sc_odd[c];
+        for (int c = 0; c < 4; ++c) {
+          sc[c] = acc[0][c];
+#pragma unroll
+          for (int ch = 1; ch < kDecodeQkChains; ++ch) sc[c] += acc[ch][c];
+        }
       }
       // Tokens grp (row a) and grp + 8 (row b): skipped ones masked, scaled to log2.
       const int ja = tok0 + grp, jb = tok0 + 8 + grp;
