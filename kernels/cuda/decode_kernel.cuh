@@ -423,6 +423,20 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     // ~22 bits of each p. G > 8: the A operand P[16 heads x 16 tokens]; G <= 8: the B
     // operand P^T[16 tokens x 8 heads] (pa1, pa3, pl1, pl3 unused).
     uint32_t pa0, pa1 = 0u, pa2, pa3 = 0u, pl0, pl1 = 0u, pl2, pl3 = 0u;
+    // This step's K rows grp (half 0) and grp + 8 (half 1), this lane's d pieces:
+    // kw[half][ks] = the 4 fp8 values of k-step ks, in the d order of the Q fragments.
+    uint32_t kw[2][T::kKSteps];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        const uint4 v = LoadShared16(st + T::Piece(half * 8 + grp, tig * (D / 64) + c));
+        kw[half][4 * c + 0] = v.x;
+        kw[half][4 * c + 1] = v.y;
+        kw[half][4 * c + 2] = v.z;
+        kw[half][4 * c + 3] = v.w;
+      }
+    }
     if constexpr (kTransposed) {
       // QK with K as the A operand: S[16 tokens x 8 heads] = K[16 tokens x 16 d] *
       // Q^T[16 d x 8 heads] per k-step, half the MMAs of Q as the A operand (whose rows
@@ -431,19 +445,6 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
       // (head grp). C: c0, c1 = tokens grp x heads 2tig, 2tig + 1; c2, c3 = grp + 8.
       float sc[4];
       {
-        uint32_t kw[2][T::kKSteps];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = half * 8 + grp;
-#pragma unroll
-          for (int c = 0; c < D / 64; ++c) {
-            const uint4 v = LoadShared16(st + T::Piece(r, tig * (D / 64) + c));
-            kw[half][4 * c + 0] = v.x;
-            kw[half][4 * c + 1] = v.y;
-            kw[half][4 * c + 2] = v.z;
-            kw[half][4 * c + 3] = v.w;
-          }
-        }
         // k-step ks into accumulator ks % kDecodeQkChains: shorter dependent MMA chains,
         // summed in chain order after the last k-step.
         float acc[kDecodeQkChains][4] = {};
@@ -517,23 +518,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
       pl2 = TransposeHalf8x8(lb);
     } else {
       // QK^T for tokens tok0 + nt * 8 + n (n = grp holds the K row in the B operand).
-      float s[2][4];
+      float s[2][4] = {};
       {
-        uint32_t kw[2][T::kKSteps];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int r = nt * 8 + grp;
-#pragma unroll
-          for (int c = 0; c < D / 64; ++c) {
-            const uint4 v = LoadShared16(st + T::Piece(r, tig * (D / 64) + c));
-            kw[nt][4 * c + 0] = v.x;
-            kw[nt][4 * c + 1] = v.y;
-            kw[nt][4 * c + 2] = v.z;
-            kw[nt][4 * c + 3] = v.w;
-          }
-#pragma unroll
-          for (int c = 0; c < 4; ++c) s[nt][c] = 0.0f;
-        }
         // One accumulator chain per n-tile: a split like G <= 8's would cost registers
         // that G > 8 cannot spare (bench/RESULTS.md).
 #pragma unroll
