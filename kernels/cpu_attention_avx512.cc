@@ -372,6 +372,52 @@ void FusedValuePass(const DecodeItem& item, int stride) {
   }
 }
 
+// exp(x) for x <= 0, sixteen lanes: the operations of the AVX2 file's ExpNonPositive8
+// lane for lane (same rounding, same fused multiply-adds), so the same bits.
+inline __m512 ExpNonPositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 exp_r =
+      _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i power =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(exp_r, _mm512_castsi512_ps(power));
+}
+
+// GatePassAvx512 over `elements` (a multiple of 16): gate, out: [elements] bf16; acc:
+// [elements] floats.
+void GatePassZmm(const uint16_t* gate_in, const float* acc, int elements, uint16_t* out) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512i sign_bit = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+  for (int e = 0; e < elements; e += 16) {
+    const __m512i gate_bits = _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gate_in + e))),
+        16);
+    const __m512 gate = _mm512_castsi512_ps(gate_bits);
+    const __m512 exp_neg_abs =
+        ExpNonPositive16(_mm512_castsi512_ps(_mm512_or_si512(gate_bits, sign_bit)));  // exp(-|g|)
+    const __m512 numerator = _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask(gate, _mm512_setzero_ps(), _CMP_LT_OQ), one, exp_neg_abs);
+    const __m512 sigmoid = _mm512_div_ps(numerator, _mm512_add_ps(one, exp_neg_abs));
+    const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(acc + e), sigmoid));
+    const __m512i rounding =
+        _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                         _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)));
+    // (bits + rounding) >> 16 is at most 0xFFFF: truncating to 16 bits keeps it whole.
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, rounding), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + e), _mm512_cvtepi32_epi16(rounded));
+  }
+}
+
 }  // namespace
 
 void ScorePassAvx512Bf16(const DecodeItem& item, int stride) {
@@ -406,6 +452,10 @@ bool TryValuePassAvx512(const DecodeItem& item, int stride) {
     default:
       return false;
   }
+}
+
+void GatePassAvx512(const DecodeItem& item) {
+  GatePassZmm(item.gate, item.acc, item.group * item.head_dim, item.out);
 }
 
 bool FusedItemSupported(int group, int head_dim) {
@@ -445,9 +495,8 @@ void DecodeItemFusedAvx512(const DecodeItem& item) {
       FusedValuePass<1, 8>(item, stride);
       break;
   }
-  DecodeItem all = item;
-  all.group = item.kv_heads * item.group;  // the gate is element-wise over [H * G, D]
-  GatePassX86(all);
+  // The gate is element-wise over [H * G, D].
+  GatePassZmm(item.gate, item.acc, item.kv_heads * item.group * item.head_dim, item.out);
 }
 
 }  // namespace sds::cpu_internal

@@ -89,6 +89,11 @@ bool TryValuePassAvx512(const DecodeItem& item, int stride);
 // file's passes, for the fused item.
 void SoftmaxPassX86(const DecodeItem& item, int stride);
 void GatePassX86(const DecodeItem& item);
+// GatePassX86 sixteen lanes at a time (AVX-512F, G * D % 16 == 0), the same operations per
+// element, so the same bits (tests/unit_kernels/gate_pass_test.cc checks every bf16
+// gate): out [G, D] = acc [G, D] * sigmoid(gate [G, D]) rounded to bf16. The fused item's
+// gate.
+void GatePassAvx512(const DecodeItem& item);
 
 // The fused item (kv_heads >= 1 KV heads sharing one row list, each token slot read once
 // for all of them) on the kAvx512Bf16 path; needs FusedItemSupported(G, D) (AVX-512
