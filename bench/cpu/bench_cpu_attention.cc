@@ -22,7 +22,10 @@
 //    batch: append:1 first quantises one new K/V token per request (CpuAppend on the
 //    calling thread), then decodes. Here a request's K/V row is only 64 bytes, so the
 //    per-item and per-request costs, not the bytes, decide; ns_per_row = core time
-//    (wall x threads) per (request, KV head, token) row. Same ratio counters as 2.
+//    (wall x threads) per (request, KV head, token) row. gap_us:500 sleeps (untimed)
+//    before each batch, as the server's cores are busy elsewhere or idle between
+//    batches: caches are then cold, which back-to-back batches hide. No lse (the e2e
+//    load generator asks for none). Same ratio counters as 2.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -32,6 +35,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <sys/mman.h>
@@ -380,10 +384,14 @@ void BM_CpuDecode(benchmark::State& state) {
 }
 
 // Arguments: batch, threads (0 = every core), append (1: CpuAppend of one token per
-// request before each decode, as the CPU backend's Run does). Small shape, per_tensor.
+// request before each decode, as the CPU backend's Run does), gap_us (idle time before
+// each batch, untimed: in the server the cores do gRPC work or sleep between batches,
+// and the next batch finds its K/V rows and inputs out of L1/L2; on this VM a batch
+// after 500 us idle took 1.6-2.7x its back-to-back time). Small shape, per_tensor.
 void BM_CpuDecodeSmall(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(1));
   const bool append = state.range(2) != 0;
+  const int64_t gap_us = state.range(3);
   CpuThreadPool& pool = Pool(threads);
   const DecodeShape shape{static_cast<int>(state.range(0)), kSmallSequenceLength, kSmallLayers,
                           kSmallBatches};
@@ -396,9 +404,11 @@ void BM_CpuDecodeSmall(benchmark::State& state) {
   double seconds = 0;
   int i = 0;
   for (auto _ : state) {
-    const DecodeBatch batch = setup.Batch(i);
+    DecodeBatch batch = setup.Batch(i);
+    batch.lse = nullptr;  // the e2e load generator does not ask for lse
     const AppendBatch new_tokens = setup.Append(i);
     i = (i + 1) % shape.Batches();
+    if (gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
     const auto start = std::chrono::steady_clock::now();
     if (append) CpuAppend(view, new_tokens);
     CpuDecode(view, batch, &pool);
@@ -441,14 +451,18 @@ BENCHMARK(BM_CpuDecode)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
-// The e2e small shape: batch 64 and 256, with and without the append, all cores and one.
+// The e2e small shape: batch 64 and 256, with and without the append and an idle gap
+// before each batch, all cores and one.
 BENCHMARK(BM_CpuDecodeSmall)
-    ->ArgNames({"batch", "threads", "append"})
-    ->Args({64, 0, 1})
-    ->Args({64, 0, 0})
-    ->Args({256, 0, 1})
-    ->Args({64, 1, 1})
-    ->Args({256, 1, 1})
+    ->ArgNames({"batch", "threads", "append", "gap_us"})
+    ->Args({64, 0, 1, 0})
+    ->Args({64, 0, 0, 0})
+    ->Args({64, 0, 1, 500})
+    ->Args({256, 0, 1, 0})
+    ->Args({256, 0, 1, 500})
+    ->Args({64, 1, 1, 0})
+    ->Args({256, 1, 1, 0})
+    ->Args({64, 1, 1, 500})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
