@@ -153,8 +153,8 @@ class Batcher {
   // Answers the expired requests, fills the staging rows and runs the batch.
   void RunClaimed(SubmitterRun* claim);
   // Copies every request's tensors of `ready` into its staging buffer rows: on the fill
-  // pool for batches of at least kPoolFillRows requests when no other fill holds it,
-  // else on this thread. FillRow copies bytes only, so neither way throws.
+  // pool for batches of at least 16 requests when no other fill holds it, else on this
+  // thread. FillRow copies bytes only, so neither way throws.
   void FillStaging(const Ready& ready);
   void AddOutstanding(int64_t items);
   void Completed(int64_t items);

@@ -167,7 +167,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad(absl::StrCat("--page_size (", cache.page_size, ") must be a power of two"));
   }
   if (opt.max_queue_delay_us < 0) return Bad("--max_queue_delay_us must be >= 0");
-  if (opt.staging_threads < 1) return Bad("--staging_threads must be >= 1");
+  if (opt.staging_threads < 1 || opt.staging_threads > 64)
+    return Bad("--staging_threads must be in [1, 64]");
   if (opt.inline_idle_batches && !opt.eager_batching) {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
   }

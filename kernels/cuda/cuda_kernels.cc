@@ -227,6 +227,10 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   p.max_chunks = chunks;
   p.score_scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(geo.head_dim));
   p.cluster_merge = kernel != DecodeKernel::kV1GlobalMerge && EnvClusterMerge() ? 1 : 0;
+  if (host_batch != nullptr && host_batch->num_requests != batch.num_requests)
+    return absl::InternalError(absl::StrCat("decode host copies describe ",
+                                            host_batch->num_requests, " requests, the batch ",
+                                            batch.num_requests));
   if (!v2 && host_batch != nullptr && batch.num_requests <= kDecodeInlineRequests) {
     p.inline_requests = 1;
     for (int32_t b = 0; b < batch.num_requests; ++b)

@@ -47,7 +47,8 @@ enum class DecodeKernel : int32_t {
   kV1GlobalMerge = 5
 };
 
-// Chunks (CTAs per (request, KV head)) for a list of `topk` indices: ceil(topk / 512), >= 1.
+// Chunks (CTAs per (request, KV head)) for a list of `topk` indices:
+// ceil(topk / kDecodeChunkTokens), >= 1 (512 in the default build).
 int32_t DecodeChunks(int32_t topk);
 // Largest top-K per list LaunchDecode accepts (65536).
 int32_t DecodeMaxTopK();

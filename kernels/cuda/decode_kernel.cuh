@@ -1,7 +1,7 @@
 // Sparse top-K GQA decode over the paged FP8 cache, one CTA per (request, KV head,
-// 512-token chunk). Every selected K/V row is copied from HBM into shared memory once
-// (cp.async, a ring of kStages steps per warp) and serves all G query heads of its KV head
-// through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
+// chunk of kDecodeChunkTokens = 512 tokens). Every selected K/V row is copied from HBM into shared
+// memory once (cp.async, a ring of kStages steps per warp) and serves all G query heads of its KV
+// head through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
 //   QK, G > 8:  S^T[16 heads x 8 tokens] += Q[16 heads x 16 d] * K^T[16 d x 8 tokens]
 //   QK, G <= 8: S[16 tokens x 8 heads]   += K[16 tokens x 16 d] * Q^T[16 d x 8 heads]
 //   PV, G > 8:  O[16 heads x 8 d]    += P[16 heads x 16 tokens] * V[16 tokens x 8 d]
@@ -31,8 +31,9 @@
 #include "kernels/cuda/device_utils.cuh"
 
 // G <= 8: QK accumulator chains per warp (part of the arithmetic: the k-steps' sum
-// order). 2 measured 0.3 us faster than 1 for one request (bench/RESULTS.md);
-// -DSDS_DECODE_QK_CHAINS=4 builds the 4-chain experiment.
+// order). With Q as the A operand (session 3) 2 chains measured 0.3 us faster than 1 for
+// one request; with K as the A operand 4 measured no faster than 2 (bench/RESULTS.md).
+// `cmake -DSDS_DECODE_QK_CHAINS=4` builds that experiment.
 #ifndef SDS_DECODE_QK_CHAINS
 #define SDS_DECODE_QK_CHAINS 2
 #endif
@@ -66,8 +67,8 @@ struct DecodeTile {
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
   static constexpr int kKSteps = D / 16;  // QK MMA k-steps
   static constexpr int kPvTiles = D / 8;  // PV MMA n-tiles
-  // Q fragment words per lane and k-step: 4 (rows g, g + 8), or 2 when G <= 8 (rows 8..15
-  // are padding and their words zero).
+  // Q fragment words per lane and k-step: 4 (A operand, heads g and g + 8; G > 8), or 2
+  // (G <= 8: the B operand Q^T of QK, head grp's k-pairs 2tig and 2tig + 8).
   static constexpr int kQFragWords = kRows == 16 ? 4 : 2;
   static constexpr int kQFragBytes = kKSteps * 32 * kQFragWords * 4;
   static constexpr int kTableBytes = kDecodeChunkTokens * 4;

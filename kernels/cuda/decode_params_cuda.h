@@ -8,8 +8,9 @@ namespace sds::cuda {
 
 // Tokens of one request (one index list) handled by one CTA. Fixed, so the split of
 // the K dimension depends on the request alone (batch invariance). Part of the
-// arithmetic like the warp count: SDS_DECODE_CHUNK_TOKENS (256, 128) builds the
-// experiment variants of bench/RESULTS.md, never a per-launch choice.
+// arithmetic like the warp count: `cmake -DSDS_DECODE_CHUNK_TOKENS=256` (or 128) builds
+// the experiment variants of bench/RESULTS.md (host code and kernels alike), never a
+// per-launch choice.
 #ifndef SDS_DECODE_CHUNK_TOKENS
 #define SDS_DECODE_CHUNK_TOKENS 512
 #endif

@@ -289,6 +289,22 @@ TEST(DecodeInlineScalars, SameBitsAsGlobalMemory) {
             << "request " << b;
       EXPECT_EQ(0, std::memcmp(in_params.data(), in_global.data(), in_params.size() * 2));
       EXPECT_EQ(0, std::memcmp(lse_params.data(), lse_global.data(), lse_params.size() * 4));
+      // Host copies that say top-K 0 everywhere: a batch that takes its scalars from the
+      // parameters attends to nothing (every output +0), one above the limit ignores them.
+      const std::vector<int32_t> no_indices(n, 0);
+      DecodeBatch lying = batch.HostBatch(nullptr, nullptr);
+      lying.topk = no_indices.data();
+      std::vector<uint16_t> out_lying;
+      std::vector<float> lse_lying;
+      RunGpuDecode(cache, batch, true, &out_lying, &lse_lying, DecodeKernel::kV1, true, &lying);
+      if (n <= limit) {
+        EXPECT_TRUE(std::all_of(out_lying.begin(), out_lying.end(), [](uint16_t x) {
+          return x == 0;
+        })) << "the kernel did not take top-K from its parameters";
+      } else {
+        EXPECT_EQ(0, std::memcmp(out_lying.data(), in_global.data(), in_global.size() * 2))
+            << "above the limit the kernel must read global memory";
+      }
     }
   }
 }

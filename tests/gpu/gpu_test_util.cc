@@ -289,7 +289,7 @@ std::string KernelName(cuda::DecodeKernel kernel) {
 
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
                   std::vector<uint16_t>* out, std::vector<float>* lse, cuda::DecodeKernel kernel,
-                  bool host_scalars) {
+                  bool host_scalars, const DecodeBatch* host) {
   const int n = batch.size();
   cuda::DecodeWorkspace ws;
   ws.capacity_floats = cuda::DecodeWorkspaceFloats(n, batch.hq, batch.d, batch.max_topk);
@@ -300,10 +300,10 @@ void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
   ws.partial = partial.as<float>();
   ws.counters = counters.as<int32_t>();
   batch.Poison();
-  const DecodeBatch host = batch.HostBatch(nullptr, nullptr);
-  absl::Status s =
-      cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse), batch.max_topk, ws, 0,
-                         kernel, host_scalars ? &host : nullptr);
+  const DecodeBatch own = batch.HostBatch(nullptr, nullptr);
+  const DecodeBatch* copies = host_scalars ? (host != nullptr ? host : &own) : nullptr;
+  absl::Status s = cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse),
+                                      batch.max_topk, ws, 0, kernel, copies);
   if (!s.ok()) {
     std::fprintf(stderr, "LaunchDecode: %s\n", s.ToString().c_str());
     std::abort();

@@ -109,10 +109,12 @@ TestBatch BuildBatch(const TestCache& cache, int hq, const std::vector<RequestSp
 // Runs LaunchDecode with `kernel` on the batch (workspace allocated here) and downloads
 // out/lse. host_scalars: pass the host copies of the per-request arrays too (as the
 // backend does), so batches of at most cuda::DecodeInlineRequests() requests take their
-// scalars from the launch parameters.
+// scalars from the launch parameters; `host` (optional) replaces those copies (a test
+// that makes them disagree with the device arrays sees which ones the kernel read).
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
                   std::vector<uint16_t>* out, std::vector<float>* lse,
-                  cuda::DecodeKernel kernel = cuda::DecodeKernel::kV1, bool host_scalars = true);
+                  cuda::DecodeKernel kernel = cuda::DecodeKernel::kV1, bool host_scalars = true,
+                  const DecodeBatch* host = nullptr);
 
 // "v1", "v2", "v2coarse", "v2fine" (test names).
 std::string KernelName(cuda::DecodeKernel kernel);

@@ -22,10 +22,13 @@ std::vector<uint16_t> FiniteValues(int64_t n, std::mt19937& rng) {
 }
 
 bool Finite(const std::vector<uint16_t>& v, int64_t offset_bytes) {
-  // An odd byte offset: the check must not assume aligned data (protobuf bytes).
+  // An odd byte offset: the check must not assume aligned data (protobuf bytes). An Inf
+  // before and a NaN after the n values: reading outside them is noticed.
   std::string buffer(offset_bytes, '\x7f');
+  buffer.append("\x80\x7f", 2);
   buffer.append(reinterpret_cast<const char*>(v.data()), v.size() * 2);
-  return AllFiniteBf16(buffer.data() + offset_bytes, static_cast<int64_t>(v.size()));
+  buffer.append("\xff\xff\xff\xff", 4);
+  return AllFiniteBf16(buffer.data() + offset_bytes + 2, static_cast<int64_t>(v.size()));
 }
 
 TEST(AllFiniteBf16, FindsEveryNanAndInfAtEveryPosition) {
@@ -44,6 +47,24 @@ TEST(AllFiniteBf16, FindsEveryNanAndInfAtEveryPosition) {
               << "n " << n << " at " << at << " bits 0x" << std::hex << b;
         }
       }
+    }
+  }
+}
+
+// Every one of the 65536 bit patterns in every lane of the 4-value word and in the
+// scalar tail: flagged exactly when its exponent bits are all set.
+TEST(AllFiniteBf16, EveryBitPatternInEveryLane) {
+  for (int64_t n : {4, 5}) {  // lanes 0..3 of one word; n = 5 adds a tail value
+    for (int64_t lane = 0; lane < n; ++lane) {
+      std::vector<uint16_t> v(n, 0x3F80);  // 1.0
+      int wrong = 0;
+      for (uint32_t bits = 0; bits < 65536; ++bits) {
+        v[lane] = static_cast<uint16_t>(bits);
+        const bool finite = (bits & 0x7F80) != 0x7F80;
+        if (Finite(v, lane % 2) != finite && wrong++ < 3)
+          ADD_FAILURE() << "n " << n << " lane " << lane << " bits 0x" << std::hex << bits;
+      }
+      EXPECT_EQ(wrong, 0);
     }
   }
 }
