@@ -138,8 +138,8 @@ void RunHead(const CacheView& cache, const DecodeBatch& batch, int b, int kv_hea
   }
 }
 
-// The fused item that runs next on this thread, for its K rows to be prefetched:
-// request b's layer and base rows [num_rows] (num_rows == 0: none).
+// The fused item that runs next on this thread, for its K and V rows to be prefetched:
+// request b and its base rows [num_rows] (num_rows == 0: none).
 struct NextFused {
   int b = 0;
   const int64_t* rows = nullptr;
