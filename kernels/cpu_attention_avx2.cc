@@ -45,17 +45,13 @@ inline __m256 ReduceEight(const __m256* acc) {
 
 // exp(x) for x <= 0, eight lanes; same polynomial as ExpNonPositive.
 inline __m256 ExpNonPositive8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpClamp));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 poly = _mm256_set1_ps(1.9875691500e-4f);
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.3981999507e-3f));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(8.3334519073e-3f));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(4.1665795894e-2f));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.6666665459e-1f));
-  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kExpLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kExpLn2Lo), r);
+  __m256 poly = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(kExpPoly[i]));
   const __m256 exp_r =
       _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(poly, r), r, r), _mm256_set1_ps(1.0f));
   const __m256i power =

@@ -382,17 +382,13 @@ void FusedValuePass(const DecodeItem& item, int stride) {
 // exp(x) for x <= 0, sixteen lanes: the operations of the AVX2 file's ExpNonPositive8
 // lane for lane (same rounding, same fused multiply-adds), so the same bits.
 inline __m512 ExpNonPositive16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpClamp));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kExpLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kExpLn2Lo), r);
+  __m512 poly = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(kExpPoly[i]));
   const __m512 exp_r =
       _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, r), _mm512_set1_ps(1.0f));
   const __m512i power =

@@ -119,19 +119,25 @@ inline void PrefetchRows(const DecodeItem& item, int n, int stride) {
   }
 }
 
+// Constants of exp(x) for x <= 0, shared by the scalar, AVX2 and AVX-512 versions (they
+// must agree bit for bit): clamp, log2(e), ln 2 split into an exact high part and the
+// rest, and the polynomial of exp(r) - 1 - r over r^2 (highest degree first).
+inline constexpr float kExpClamp = -87.0f;
+inline constexpr float kExpLog2e = 1.44269504088896341f;
+inline constexpr float kExpLn2Hi = 0.693359375f;
+inline constexpr float kExpLn2Lo = -2.12194440e-4f;
+inline constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                      4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 // exp(x) for x <= 0 (inputs below -87 give ~1e-38), within ~2 float ulps. Scalar
-// companion of the vector version in the AVX2 kernel.
+// companion of the vector versions in the AVX2 and AVX-512 kernels.
 inline float ExpNonPositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  float r = x - n * 0.693359375f;  // exact product: n has <= 7 bits
-  r = r - n * -2.12194440e-4f;
-  float poly = 1.9875691500e-4f;
-  poly = poly * r + 1.3981999507e-3f;
-  poly = poly * r + 8.3334519073e-3f;
-  poly = poly * r + 4.1665795894e-2f;
-  poly = poly * r + 1.6666665459e-1f;
-  poly = poly * r + 5.0000001201e-1f;
+  x = x < kExpClamp ? kExpClamp : x;
+  const float n = (x * kExpLog2e + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  float r = x - n * kExpLn2Hi;                                  // exact product: n has <= 7 bits
+  r = r - n * kExpLn2Lo;
+  float poly = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) poly = poly * r + kExpPoly[i];
   const float exp_r = poly * r * r + r + 1.0f;
   return exp_r * BitsToFloat(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
 }
