@@ -147,6 +147,27 @@ struct DecodeTile {
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// One online-softmax step of a running maximum m (base 2): m <- max(m, tile_max).
+// base: what this tile's exponents are taken against (0 while nothing was valid);
+// alpha: the factor that rescales what was accumulated against the old maximum.
+struct MaxStep {
+  float base, alpha;
+};
+__device__ __forceinline__ MaxStep RaiseMax(float& m, float tile_max) {
+  const float m_new = fmaxf(m, tile_max);
+  const float base = m_new == NegInf() ? 0.0f : m_new;
+  const MaxStep step{base, FastExp2(m - base)};
+  m = m_new;
+  return step;
+}
+
+// Max over the 8 lanes that share this lane's tig (xor 4, 8, 16).
+__device__ __forceinline__ float MaxOverGrpLanes(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+}
+
 // Arrive at and wait on the cluster barrier twice (release / acquire semantics).
 __device__ __forceinline__ void ClusterSyncTwice() {
   cooperative_groups::this_cluster().sync();
@@ -476,31 +497,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
         const float sa = valid_a ? sc[e] * kf_a : NegInf();
         const float sb = valid_b ? sc[2 + e] * kf_b : NegInf();
         // Max over the 16 tokens: this lane's two, then the 8 lanes of this tig.
-        float mx = fmaxf(sa, sb);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m_s[e], mx);
-        const float base = m_new == NegInf() ? 0.0f : m_new;
-        const float alpha = FastExp2(m_s[e] - base);
-        m_s[e] = m_new;
-        const float pa = FastExp2(sa - base), pb = FastExp2(sb - base);
-        l_s[e] = l_s[e] * alpha + (pa + pb);
+        const MaxStep ms = RaiseMax(m_s[e], MaxOverGrpLanes(fmaxf(sa, sb)));
+        const float pa = FastExp2(sa - ms.base), pb = FastExp2(sb - ms.base);
+        l_s[e] = l_s[e] * ms.alpha + (pa + pb);
         pr[e] = pa;
         pr[2 + e] = pb;
-        float alpha_o = alpha;
+        float alpha_o = ms.alpha;
         if constexpr (kPerToken) {
           const float ua = sa + vl_a, ub = sb + vl_b;
-          float mxu = fmaxf(ua, ub);
-          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 4));
-          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 8));
-          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 16));
-          const float mu_new = fmaxf(m_u[e], mxu);
-          const float base_u = mu_new == NegInf() ? 0.0f : mu_new;
-          alpha_o = FastExp2(m_u[e] - base_u);
-          m_u[e] = mu_new;
-          pr[e] = FastExp2(ua - base_u);
-          pr[2 + e] = FastExp2(ub - base_u);
+          const MaxStep mu = RaiseMax(m_u[e], MaxOverGrpLanes(fmaxf(ua, ub)));
+          alpha_o = mu.alpha;
+          pr[e] = FastExp2(ua - mu.base);
+          pr[2 + e] = FastExp2(ub - mu.base);
         }
         // O^T columns are heads 2 tig, 2 tig + 1: this lane's own statistics.
 #pragma unroll
@@ -569,32 +577,27 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
           }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_s[r], mx);
-        const float base = m_new == NegInf() ? 0.0f : m_new;
-        const float alpha = FastExp2(m_s[r] - base);
-        m_s[r] = m_new;
+        const MaxStep ms = RaiseMax(m_s[r], mx);
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float ps = FastExp2(sv[nt][e] - base);
+            const float ps = FastExp2(sv[nt][e] - ms.base);
             sum += ps;
             pr[nt][2 * r + e] = ps;
           }
-        l_s[r] = l_s[r] * alpha + sum;
-        float alpha_o = alpha;
+        l_s[r] = l_s[r] * ms.alpha + sum;
+        float alpha_o = ms.alpha;
         if constexpr (kPerToken) {
           mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 1));
           mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 2));
-          const float mu_new = fmaxf(m_u[r], mxu);
-          const float base_u = mu_new == NegInf() ? 0.0f : mu_new;
-          alpha_o = FastExp2(m_u[r] - base_u);
-          m_u[r] = mu_new;
+          const MaxStep mu = RaiseMax(m_u[r], mxu);
+          alpha_o = mu.alpha;
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - base_u);
+            for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - mu.base);
         }
 #pragma unroll
         for (int j = 0; j < T::kPvTiles; ++j) {
