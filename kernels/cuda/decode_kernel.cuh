@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/decode_params_cuda.h"
+#include "kernels/cuda/decode_softmax.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 // G <= 8: QK accumulator chains per warp (part of the arithmetic: the k-steps' sum
@@ -144,29 +145,7 @@ struct DecodeTile {
   }
 };
 
-__device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// One online-softmax step of a running maximum m (base 2): m <- max(m, tile_max).
-// base: what this tile's exponents are taken against (0 while nothing was valid);
-// alpha: the factor that rescales what was accumulated against the old maximum.
-struct MaxStep {
-  float base, alpha;
-};
-__device__ __forceinline__ MaxStep RaiseMax(float& m, float tile_max) {
-  const float m_new = fmaxf(m, tile_max);
-  const float base = m_new == NegInf() ? 0.0f : m_new;
-  const MaxStep step{base, FastExp2(m - base)};
-  m = m_new;
-  return step;
-}
-
-// Max over the 8 lanes that share this lane's tig (xor 4, 8, 16).
-__device__ __forceinline__ float MaxOverGrpLanes(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-}
 
 // Arrive at and wait on the cluster barrier twice (release / acquire semantics).
 __device__ __forceinline__ void ClusterSyncTwice() {
@@ -546,59 +525,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
       // Scale to log2 units, mask skipped tokens, online softmax per head row.
       float kf[2][2], vl[2][2];
       bool valid[2][2];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int j = tok0 + nt * 8 + 2 * tig;
-        const int2 rr = *reinterpret_cast<const int2*>(rows + j);
-        valid[nt][0] = rr.x >= 0;
-        valid[nt][1] = rr.y >= 0;
-        if constexpr (kPerToken) {
-          const float2 kk = *reinterpret_cast<const float2*>(kf_tab + j);
-          const float2 vv = *reinterpret_cast<const float2*>(vl_tab + j);
-          kf[nt][0] = kk.x * qinv, kf[nt][1] = kk.y * qinv, vl[nt][0] = vv.x, vl[nt][1] = vv.y;
-        } else {
-          kf[nt][0] = kf[nt][1] = kf_const;
-          vl[nt][0] = vl[nt][1] = 0.0f;
-        }
-      }
+      LoadTokenColumns<kPerToken>(rows, kf_tab, vl_tab, tok0 + 2 * tig, qinv, kf_const, valid, kf,
+                                  vl);
       float pr[2][4];  // P (f32) in the QK accumulator layout
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        float sv[2][2], uv[2][2];
-        float mx = NegInf(), mxu = NegInf();
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            sv[nt][e] = valid[nt][e] ? s[nt][2 * r + e] * kf[nt][e] : NegInf();
-            uv[nt][e] = sv[nt][e] + vl[nt][e];
-            mx = fmaxf(mx, sv[nt][e]);
-            mxu = fmaxf(mxu, uv[nt][e]);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const MaxStep ms = RaiseMax(m_s[r], mx);
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float ps = FastExp2(sv[nt][e] - ms.base);
-            sum += ps;
-            pr[nt][2 * r + e] = ps;
-          }
-        l_s[r] = l_s[r] * ms.alpha + sum;
-        float alpha_o = ms.alpha;
-        if constexpr (kPerToken) {
-          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 1));
-          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 2));
-          const MaxStep mu = RaiseMax(m_u[r], mxu);
-          alpha_o = mu.alpha;
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - mu.base);
-        }
+        const float alpha_o =
+            SoftmaxRowStep<kPerToken>(s, r, valid, kf, vl, m_s[r], m_u[r], l_s[r], pr);
 #pragma unroll
         for (int j = 0; j < T::kPvTiles; ++j) {
           o[j][2 * r] *= alpha_o;

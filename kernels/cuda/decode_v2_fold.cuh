@@ -9,11 +9,10 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/decode_softmax.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace sds::cuda {
-
-__device__ __forceinline__ float V2NegInf() { return __int_as_float(0xff800000); }
 
 // Per (query head) softmax statistics of a unit or of a running fold, base 2:
 // ms: max score, mu: max of score + log2 v_scale (== ms in per_tensor mode), l: sum of
@@ -29,10 +28,10 @@ struct V2FoldFactors {
 
 __device__ __forceinline__ V2FoldFactors V2FoldStats(V2Stats& acc, const V2Stats& unit) {
   const float ms = fmaxf(acc.ms, unit.ms);
-  const float bs = ms == V2NegInf() ? 0.0f : ms;
+  const float bs = ms == NegInf() ? 0.0f : ms;
   const float fa = FastExp2(__fsub_rn(acc.ms, bs)), fu = FastExp2(__fsub_rn(unit.ms, bs));
   const float mu = fmaxf(acc.mu, unit.mu);
-  const float bu = mu == V2NegInf() ? 0.0f : mu;
+  const float bu = mu == NegInf() ? 0.0f : mu;
   V2FoldFactors f;
   f.ga = FastExp2(__fsub_rn(acc.mu, bu));
   f.gu = FastExp2(__fsub_rn(unit.mu, bu));
@@ -59,7 +58,7 @@ __device__ __forceinline__ uint16_t V2Output(float o, const V2Stats& st, float v
 
 // Natural-log lse of a folded state (-inf for a row with no valid index).
 __device__ __forceinline__ float V2Lse(const V2Stats& st) {
-  return st.l > 0.0f ? __fmul_rn(__fadd_rn(st.ms, log2f(st.l)), 0.69314718055994531f) : V2NegInf();
+  return st.l > 0.0f ? __fmul_rn(__fadd_rn(st.ms, log2f(st.l)), 0.69314718055994531f) : NegInf();
 }
 
 }  // namespace sds::cuda

@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(kDecodeV2MaxHeads * 32, 1)
     for (int c = 0; c < 2 * kR; ++c) o[j][c] = acc_o[j][c] = 0.0f;
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
-    m_s[r] = m_u[r] = V2NegInf(), l_s[r] = 0.0f;
-    acc[r] = V2Stats{V2NegInf(), V2NegInf(), 0.0f};
+    m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
+    acc[r] = V2Stats{NegInf(), NegInf(), 0.0f};
   }
 
   for (int i = 0; i < n_steps; ++i) {
@@ -295,64 +295,13 @@ __global__ void __launch_bounds__(kDecodeV2MaxHeads * 32, 1)
       // Scale to log2 units, mask skipped tokens, online softmax per head row.
       float kf[2][2], vl[2][2];
       bool valid[2][2];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int j = tab + nt * 8 + 2 * tig;
-        const int2 rr = *reinterpret_cast<const int2*>(rows + j);
-        valid[nt][0] = rr.x >= 0;
-        valid[nt][1] = rr.y >= 0;
-        if constexpr (kPerToken) {
-          const float2 kk = *reinterpret_cast<const float2*>(kf_tab + j);
-          const float2 vv = *reinterpret_cast<const float2*>(vl_tab + j);
-          kf[nt][0] = kk.x * qinv, kf[nt][1] = kk.y * qinv, vl[nt][0] = vv.x, vl[nt][1] = vv.y;
-        } else {
-          kf[nt][0] = kf[nt][1] = kf_const;
-          vl[nt][0] = vl[nt][1] = 0.0f;
-        }
-      }
+      LoadTokenColumns<kPerToken>(rows, kf_tab, vl_tab, tab + 2 * tig, qinv, kf_const, valid, kf,
+                                  vl);
       float pr[2][4];  // P (f32) in the QK accumulator layout
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        float sv[2][2], uv[2][2];
-        float mx = V2NegInf(), mxu = V2NegInf();
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            sv[nt][e] = valid[nt][e] ? s[nt][2 * r + e] * kf[nt][e] : V2NegInf();
-            uv[nt][e] = sv[nt][e] + vl[nt][e];
-            mx = fmaxf(mx, sv[nt][e]);
-            mxu = fmaxf(mxu, uv[nt][e]);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_s[r], mx);
-        const float base = m_new == V2NegInf() ? 0.0f : m_new;
-        const float alpha = FastExp2(m_s[r] - base);
-        m_s[r] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float ps = FastExp2(sv[nt][e] - base);
-            sum += ps;
-            pr[nt][2 * r + e] = ps;
-          }
-        l_s[r] = l_s[r] * alpha + sum;
-        float alpha_o = alpha;
-        if constexpr (kPerToken) {
-          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 1));
-          mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 2));
-          const float mu_new = fmaxf(m_u[r], mxu);
-          const float base_u = mu_new == V2NegInf() ? 0.0f : mu_new;
-          alpha_o = FastExp2(m_u[r] - base_u);
-          m_u[r] = mu_new;
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) pr[nt][2 * r + e] = FastExp2(uv[nt][e] - base_u);
-        }
+        const float alpha_o =
+            SoftmaxRowStep<kPerToken>(s, r, valid, kf, vl, m_s[r], m_u[r], l_s[r], pr);
 #pragma unroll
         for (int j = 0; j < T::kPvTiles; ++j) {
           o[j][2 * r] *= alpha_o;
@@ -463,7 +412,7 @@ __global__ void __launch_bounds__(kDecodeV2MaxHeads * 32, 1)
 #pragma unroll
         for (int c = 0; c < 2 * kR; ++c) o[j][c] = 0.0f;
 #pragma unroll
-      for (int r = 0; r < kR; ++r) m_s[r] = m_u[r] = V2NegInf(), l_s[r] = 0.0f;
+      for (int r = 0; r < kR; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
     }
   }
   CpAsyncWait<0>();
@@ -503,7 +452,7 @@ __global__ void __launch_bounds__(128) SparseDecodeV2MergeKernel(const DecodePar
   const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + static_cast<int64_t>(kvh) * G;
   for (int e4 = threadIdx.x; e4 < G * D / 4; e4 += blockDim.x) {
     const int g = e4 * 4 / D, d = e4 * 4 % D;
-    V2Stats acc{V2NegInf(), V2NegInf(), 0.0f};
+    V2Stats acc{NegInf(), NegInf(), 0.0f};
     float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 8
     for (int u = 0; u < units; ++u) {
