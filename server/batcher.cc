@@ -61,12 +61,12 @@ void Batcher::FillStaging(const Ready& ready) {
   std::unique_lock<std::mutex> pool(fill_pool_mu_, std::defer_lock);
   if (fill_pool_ != nullptr && decodes.size() >= kPoolFillRows && pool.try_lock()) {
     fill_pool_->ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t i) {
-      staging.FillRow(static_cast<int32_t>(i), *decodes[i].request);
+      staging.FillRow(static_cast<int32_t>(i), *decodes[i].request, decodes[i].bytes);
     });
     return;
   }
   for (size_t i = 0; i < decodes.size(); ++i)
-    staging.FillRow(static_cast<int32_t>(i), *decodes[i].request);
+    staging.FillRow(static_cast<int32_t>(i), *decodes[i].request, decodes[i].bytes);
 }
 
 Batcher::~Batcher() { Stop(); }

@@ -8,11 +8,12 @@ namespace sds::server {
 
 absl::Status DecodeAdmission::Prepare(const std::string& tenant,
                                       const sparse_decode::v1::DecodeRequest* request,
+                                      const DecodeTensorBytes& bytes,
                                       sparse_decode::v1::DecodeResponse* response,
                                       Clock::time_point deadline, std::function<bool()> cancelled,
                                       std::function<void(const absl::Status&)> done,
                                       DecodeWork* work) const {
-  if (absl::Status s = ValidateDecode(*request, model_); !s.ok()) return s;
+  if (absl::Status s = ValidateDecode(*request, bytes, model_); !s.ok()) return s;
   std::string key = SequenceKey(tenant, request->sequence_id());
   const int32_t layer = request->layer();
   if (absl::Status s =
@@ -25,6 +26,7 @@ absl::Status DecodeAdmission::Prepare(const std::string& tenant,
   }
   pending_->Add(key, layer, 1);
   work->request = request;
+  work->bytes = bytes;
   work->response = response;
   work->key = key;
   work->deadline = deadline;
@@ -38,12 +40,13 @@ absl::Status DecodeAdmission::Prepare(const std::string& tenant,
 
 absl::Status DecodeAdmission::Submit(const std::string& tenant,
                                      const sparse_decode::v1::DecodeRequest* request,
+                                     const DecodeTensorBytes& bytes,
                                      sparse_decode::v1::DecodeResponse* response,
                                      Clock::time_point deadline, std::function<bool()> cancelled,
                                      std::function<void(const absl::Status&)> done,
                                      Batcher::SubmitterRun* claim) const {
   DecodeWork work;
-  if (absl::Status s = Prepare(tenant, request, response, deadline, std::move(cancelled),
+  if (absl::Status s = Prepare(tenant, request, bytes, response, deadline, std::move(cancelled),
                                std::move(done), &work);
       !s.ok()) {
     return s;

@@ -22,20 +22,21 @@ class DecodeAdmission {
                   const ModelShape& model)
       : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
 
-  // On error nothing was queued and `done` will not be called. `request` and
-  // `response` must stay alive until `done` has run. `claim`: see
+  // On error nothing was queued and `done` will not be called. `request`, the data
+  // that `bytes` views (tensor_bytes.h) and `response` must stay alive until `done`
+  // has run. `claim`: see
   // Batcher::SubmitDecode.
   absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-                      sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
-                      std::function<bool()> cancelled,
+                      const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
+                      Clock::time_point deadline, std::function<bool()> cancelled,
                       std::function<void(const absl::Status&)> done,
                       Batcher::SubmitterRun* claim = nullptr) const;
 
   // The checks of Submit without the queue: on OK `work` is ready for SubmitAll (and
   // counted as pending); on error nothing changed and `done` will not be called.
   absl::Status Prepare(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-                       sparse_decode::v1::DecodeResponse* response, Clock::time_point deadline,
-                       std::function<bool()> cancelled,
+                       const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
+                       Clock::time_point deadline, std::function<bool()> cancelled,
                        std::function<void(const absl::Status&)> done, DecodeWork* work) const;
   // Queues prepared items in one step (the last one closes the batch under eager
   // batching, so a DecodeBatch call's items stay together); an item the queue refuses

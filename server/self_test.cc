@@ -138,6 +138,7 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
 
     DecodeWork work;
     work.request = &p->decode;
+    work.bytes = DecodeTensorBytes::Of(p->decode);
     work.response = &p->response;
     work.key = key;
     work.done = [p](const absl::Status& s) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "server/auth.h"
+#include "server/raw_call.h"
 #include "server/rpc_util.h"
 #include "server/stream_reactor.h"
 #include "server/validate.h"
@@ -82,12 +83,7 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
       backend_(backend),
       batcher_(batcher),
       metrics_(metrics),
-      admission_(batcher, &backend->cache(), &pending_, config_.model),
-      decode_allocator_(DecodeCallBytes(config_.model)),
-      batch_allocator_(8 * DecodeCallBytes(config_.model)) {
-  SetMessageAllocatorFor_Decode(&decode_allocator_);
-  SetMessageAllocatorFor_DecodeBatch(&batch_allocator_);
-}
+      admission_(batcher, &backend->cache(), &pending_, config_.model) {}
 
 absl::StatusOr<std::string> DecodeServiceImpl::Admit(
     const grpc::CallbackServerContext& context) const {
@@ -179,35 +175,52 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::AppendKV(grpc::CallbackServerContex
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext* context,
-                                                    const v1::DecodeRequest* request,
-                                                    v1::DecodeResponse* response) {
-  return Serve(context, metrics_, "Decode", Admit(*context),
-               [&](const std::string& tenant, const Finisher& finish) {
-                 // An idle batcher may leave the batch to this thread
-                 // (--inline_idle_batches): it runs when `run` does.
-                 Batcher::SubmitterRun run;
-                 absl::Status s = admission_.Submit(
-                     tenant, request, response, DeadlineOf(*context),
-                     [context] { return context->IsCancelled(); }, finish, &run);
-                 if (!s.ok()) return finish(s);
-                 // The request is queued and `finish` belongs to it now: an exception
-                 // reaching Serve would finish the call a second time.
-                 try {
-                   run.Run();
-                 } catch (const std::exception& e) {
-                   spdlog::critical("Decode: exception while running a claimed batch: {}",
-                                    e.what());
-                 }
-               });
+                                                    const grpc::ByteBuffer* wire,
+                                                    grpc::ByteBuffer* reply) {
+  return Serve(
+      context, metrics_, "Decode", Admit(*context),
+      [&](const std::string& tenant, const Finisher& finished) {
+        auto call = std::make_shared<RawCall<v1::DecodeRequest, v1::DecodeResponse>>(
+            DecodeCallBytes(config_.model));
+        if (absl::Status s = call->Parse(*wire); !s.ok()) return finished(s);
+        auto finish = [finished, call, reply](const absl::Status& s) {
+          finished(s.ok() ? call->Reply(reply) : s);
+        };
+        // An idle batcher may leave the batch to this thread
+        // (--inline_idle_batches): it runs when `run` does.
+        Batcher::SubmitterRun run;
+        absl::Status s = admission_.Submit(
+            tenant, call->request(), call->bytes(0), call->response(), DeadlineOf(*context),
+            [context] { return context->IsCancelled(); }, finish, &run);
+        if (!s.ok()) return finish(s);
+        // The request is queued and `finish` belongs to it now: an exception
+        // reaching Serve would finish the call a second time.
+        try {
+          run.Run();
+        } catch (const std::exception& e) {
+          spdlog::critical("Decode: exception while running a claimed batch: {}", e.what());
+        }
+      });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerContext* context,
-                                                         const v1::DecodeBatchRequest* request,
-                                                         v1::DecodeBatchResponse* response) {
+                                                         const grpc::ByteBuffer* wire,
+                                                         grpc::ByteBuffer* reply) {
   return Serve(
       context, metrics_, kDecodeBatchRpc, Admit(*context),
-      [&](const std::string& tenant, const Finisher& finish) {
-        const int n = request->requests_size();
+      [&](const std::string& tenant, const Finisher& finished) {
+        auto call = std::make_shared<RawCall<v1::DecodeBatchRequest, v1::DecodeBatchResponse>>(
+            8 * DecodeCallBytes(config_.model));
+        if (absl::Status s = call->Parse(*wire); !s.ok()) {
+          metrics_->CountRequest(kDecodeBatchRpc, s.code());  // no item to count it
+          return finished(s);
+        }
+        auto finish = [finished, call, reply](const absl::Status& s) {
+          finished(s.ok() ? call->Reply(reply) : s);
+        };
+        const v1::DecodeBatchRequest& request = *call->request();
+        v1::DecodeBatchResponse* response = call->response();
+        const int n = request.requests_size();
         if (n == 0) return finish(absl::OkStatus());
         // Every response slot exists before the first item can complete.
         for (int i = 0; i < n; ++i) response->add_responses();
@@ -218,7 +231,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
         std::vector<DecodeWork> works;
         works.reserve(n);
         for (int i = 0; i < n; ++i) {
-          const v1::DecodeRequest* item = &request->requests(i);
+          const v1::DecodeRequest* item = &request.requests(i);
           v1::DecodeResponse* slot = response->mutable_responses(i);
           auto done = [this, finish, remaining, item, slot](const absl::Status& s) {
             if (!s.ok()) {
@@ -232,8 +245,8 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
           };
           DecodeWork work;
           absl::Status s = admission_.Prepare(
-              tenant, item, slot, deadline, [context] { return context->IsCancelled(); }, done,
-              &work);
+              tenant, item, call->bytes(i), slot, deadline,
+              [context] { return context->IsCancelled(); }, done, &work);
           if (s.ok()) {
             works.push_back(std::move(work));
           } else {

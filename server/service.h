@@ -10,7 +10,6 @@
 #include <unordered_set>
 
 #include "absl/status/statusor.h"
-#include "server/arena_allocator.h"
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/decode_submit.h"
@@ -23,6 +22,20 @@ namespace sds::server {
 
 class DecodeStreamReactor;
 
+// The generated callback service with Decode and DecodeBatch taken raw (as gRPC
+// ByteBuffers): their requests are parsed by wire_decode.h, so that tensor bytes go from
+// the received slices straight into the staging buffer. The wire format is unchanged.
+namespace generated = sparse_decode::v1;
+using DecodeServiceBase = generated::DecodeService::WithCallbackMethod_GetModelInfo<
+    generated::DecodeService::WithCallbackMethod_CreateSequence<
+        generated::DecodeService::WithCallbackMethod_AppendKV<
+            generated::DecodeService::WithRawCallbackMethod_Decode<
+                generated::DecodeService::WithRawCallbackMethod_DecodeBatch<
+                    generated::DecodeService::WithCallbackMethod_DecodeStream<
+                        generated::DecodeService::WithCallbackMethod_ForkSequence<
+                            generated::DecodeService::WithCallbackMethod_ReleaseSequence<
+                                generated::DecodeService::Service>>>>>>>>;
+
 struct ServiceConfig {
   ModelShape model;
   std::string auth_token;
@@ -30,7 +43,7 @@ struct ServiceConfig {
   sparse_decode::v1::ModelInfo info;
 };
 
-class DecodeServiceImpl final : public sparse_decode::v1::DecodeService::CallbackService {
+class DecodeServiceImpl final : public DecodeServiceBase {
  public:
   DecodeServiceImpl(ServiceConfig config, Backend* backend, Batcher* batcher, Metrics* metrics);
 
@@ -48,12 +61,14 @@ class DecodeServiceImpl final : public sparse_decode::v1::DecodeService::Callbac
   grpc::ServerUnaryReactor* AppendKV(grpc::CallbackServerContext* context,
                                      const sparse_decode::v1::AppendKVRequest* request,
                                      sparse_decode::v1::AppendKVResponse* response) override;
+  // Raw: `request` is a serialized DecodeRequest, `response` receives a DecodeResponse.
   grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* context,
-                                   const sparse_decode::v1::DecodeRequest* request,
-                                   sparse_decode::v1::DecodeResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  // Raw: a DecodeBatchRequest in, a DecodeBatchResponse out.
   grpc::ServerUnaryReactor* DecodeBatch(grpc::CallbackServerContext* context,
-                                        const sparse_decode::v1::DecodeBatchRequest* request,
-                                        sparse_decode::v1::DecodeBatchResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<sparse_decode::v1::DecodeRequest, sparse_decode::v1::DecodeResponse>*
   DecodeStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ForkSequence(
@@ -74,12 +89,6 @@ class DecodeServiceImpl final : public sparse_decode::v1::DecodeService::Callbac
   Metrics* const metrics_;
   PendingWrites pending_;  // before admission_, which points to it
   const DecodeAdmission admission_;
-  // Per-call arenas for Decode and DecodeBatch (set on the handlers in the constructor).
-  ArenaMessageAllocator<sparse_decode::v1::DecodeRequest, sparse_decode::v1::DecodeResponse>
-      decode_allocator_;
-  ArenaMessageAllocator<sparse_decode::v1::DecodeBatchRequest,
-                        sparse_decode::v1::DecodeBatchResponse>
-      batch_allocator_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_streams_{0};
   std::recursive_mutex streams_mu_;  // recursive: a finished stream may unregister inline

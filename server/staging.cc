@@ -93,13 +93,15 @@ absl::Status StagingBuffer::ReservePageTable(int64_t count) {
   return absl::OkStatus();
 }
 
-void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request) {
+void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
+                            const DecodeTensorBytes& bytes) {
   const int64_t q_row = static_cast<int64_t>(model_.num_q_heads) * model_.head_dim;
   const int64_t kv_row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
-  std::memcpy(q_ + row * q_row, request.q().data().data(), q_row * 2);
-  std::memcpy(gate_ + row * q_row, request.gate().data().data(), q_row * 2);
-  std::memcpy(k_new_ + row * kv_row, request.k().data().data(), kv_row * 2);
-  std::memcpy(v_new_ + row * kv_row, request.v().data().data(), kv_row * 2);
+  // Validated sizes: q and gate [Hq, D], k and v [Hkv, D], indices K or Hkv * K int32.
+  bytes.q.CopyTo(q_ + row * q_row);
+  bytes.gate.CopyTo(gate_ + row * q_row);
+  bytes.k.CopyTo(k_new_ + row * kv_row);
+  bytes.v.CopyTo(v_new_ + row * kv_row);
   const sparse_decode::v1::Tensor& indices = request.indices();
   const bool per_head = IndicesPerKvHead(indices);
   const int32_t k = static_cast<int32_t>(per_head ? indices.shape(1) : indices.shape(0));
@@ -108,7 +110,7 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
   index_offset_[row] = row * index_stride_;
   topk_[row] = k;
   indices_per_kv_head_[row] = per_head ? 1 : 0;
-  std::memcpy(indices_ + row * index_stride_, indices.data().data(), indices.data().size());
+  bytes.indices.CopyTo(indices_ + row * index_stride_);
 }
 
 void StagingBuffer::MoveRow(int32_t dst, int32_t src) {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "server/backend.h"
 #include "server/model_shape.h"
+#include "server/tensor_bytes.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
@@ -23,8 +24,10 @@ class StagingBuffer {
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
 
-  // Copies q, gate, k, v and the indices of a validated request into row `row`.
-  void FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request);
+  // Copies q, gate, k, v and the indices of a validated request into row `row`: the
+  // data from `bytes` (tensor_bytes.h), the shapes from `request`.
+  void FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
+               const DecodeTensorBytes& bytes);
   // Moves row `src` to row `dst` (dst < src) to close the gap of a failed request.
   void MoveRow(int32_t dst, int32_t src);
   // Makes room for `count` page ids; may reallocate page_table.

@@ -157,8 +157,8 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
       status = absl::UnavailableError("server is draining");
     } else {
       status = env_.admission->Submit(
-          tenant_, call->request, call->response, DeadlineOf(*context_),
-          [this] { return context_->IsCancelled(); },
+          tenant_, call->request, DecodeTensorBytes::Of(*call->request), call->response,
+          DeadlineOf(*context_), [this] { return context_->IsCancelled(); },
           [this, call](const absl::Status& s) { Answer(call, s); }, run);
     }
   } catch (const std::exception& e) {

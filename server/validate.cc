@@ -32,36 +32,46 @@ absl::Status CheckDtype(const char* name, const v1::Tensor& t, v1::DType want) {
   return absl::OkStatus();
 }
 
-absl::Status CheckBytes(const char* name, const v1::Tensor& t, int64_t elements,
-                        int64_t element_bytes) {
+// `t`'s metadata with its data at `data` (the message's own field, or wire slices).
+absl::Status CheckBytes(const char* name, const v1::Tensor& t, const TensorBytes& data,
+                        int64_t elements, int64_t element_bytes) {
   const int64_t want = elements * element_bytes;
-  if (static_cast<int64_t>(t.data().size()) != want) {
-    return Bad(absl::StrCat(name, ": data has ", t.data().size(), " bytes, shape ", ShapeText(t),
+  if (static_cast<int64_t>(data.size()) != want) {
+    return Bad(absl::StrCat(name, ": data has ", data.size(), " bytes, shape ", ShapeText(t),
                             " needs ", want));
   }
   return absl::OkStatus();
 }
 
 // bf16 tensor of exactly `shape`, no NaN or Inf.
-absl::Status CheckBf16(const char* name, const v1::Tensor& t, absl::Span<const int64_t> shape) {
+absl::Status CheckBf16(const char* name, const v1::Tensor& t, const TensorBytes& data,
+                       absl::Span<const int64_t> shape) {
   if (absl::Status s = CheckDtype(name, t, v1::BF16); !s.ok()) return s;
   if (!std::equal(t.shape().begin(), t.shape().end(), shape.begin(), shape.end())) {
     return Bad(absl::StrCat(name, ": shape must be ", ShapeText(shape), ", got ", ShapeText(t)));
   }
   int64_t elements = 1;
   for (int64_t dim : shape) elements *= dim;
-  if (absl::Status s = CheckBytes(name, t, elements, 2); !s.ok()) return s;
-  const char* bytes = t.data().data();
-  if (AllFiniteBf16(bytes, elements)) return absl::OkStatus();
-  for (int64_t i = 0; i < elements; ++i) {  // the rare bad request: find the element
-    uint16_t bits;
-    std::memcpy(&bits, bytes + 2 * i, 2);
-    if ((bits & 0x7F80) == 0x7F80) {
-      return Bad(absl::StrCat(name, ": element ", i, " is ", (bits & 0x007F) ? "NaN" : "Inf",
-                              "; inputs must be finite (nothing was stored)"));
+  if (absl::Status s = CheckBytes(name, t, data, elements, 2); !s.ok()) return s;
+  bool finite = true;
+  data.ForEachElementRun(
+      2, [&](const char* run, int64_t count, int64_t) { finite &= AllFiniteBf16(run, count); });
+  if (finite) return absl::OkStatus();
+  int64_t bad = -1;  // the rare bad request: find the first bad element
+  uint16_t bad_bits = 0;
+  data.ForEachElementRun(2, [&](const char* run, int64_t count, int64_t first) {
+    for (int64_t i = 0; i < count && bad < 0; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, run + 2 * i, 2);
+      if ((bits & 0x7F80) == 0x7F80) {
+        bad = first + i;
+        bad_bits = bits;
+      }
     }
-  }
-  return absl::InternalError(absl::StrCat(name, ": finiteness checks disagree"));
+  });
+  if (bad < 0) return absl::InternalError(absl::StrCat(name, ": finiteness checks disagree"));
+  return Bad(absl::StrCat(name, ": element ", bad, " is ", (bad_bits & 0x007F) ? "NaN" : "Inf",
+                          "; inputs must be finite (nothing was stored)"));
 }
 
 absl::Status CheckLayer(int32_t layer, const ModelShape& model) {
@@ -71,7 +81,8 @@ absl::Status CheckLayer(int32_t layer, const ModelShape& model) {
   return absl::OkStatus();
 }
 
-absl::Status CheckIndices(const v1::Tensor& t, int64_t position, const ModelShape& model) {
+absl::Status CheckIndices(const v1::Tensor& t, const TensorBytes& data, int64_t position,
+                          const ModelShape& model) {
   if (absl::Status s = CheckDtype("indices", t, v1::INT32); !s.ok()) return s;
   int64_t k = 0;
   if (t.shape_size() == 1) {
@@ -86,19 +97,23 @@ absl::Status CheckIndices(const v1::Tensor& t, int64_t position, const ModelShap
     return Bad(absl::StrCat("indices: K = ", k, " exceeds max_topk ", model.max_topk));
   }
   const int64_t count = t.shape_size() == 1 ? k : k * model.num_kv_heads;
-  if (absl::Status s = CheckBytes("indices", t, count, 4); !s.ok()) return s;
-  const char* bytes = t.data().data();
-  for (int64_t i = 0; i < count; ++i) {
-    int32_t index;
-    std::memcpy(&index, bytes + 4 * i, 4);
-    if (index == -1) continue;
-    if (index < 0 || index > position) {
-      return Bad(absl::StrCat("indices: element ", i, " is ", index,
-                              "; each index must be -1 (skip) or a token position in [0, ",
-                              position, "] (the request's position)"));
+  if (absl::Status s = CheckBytes("indices", t, data, count, 4); !s.ok()) return s;
+  int64_t bad = -1;
+  int32_t bad_index = 0;
+  data.ForEachElementRun(4, [&](const char* run, int64_t n, int64_t first) {
+    for (int64_t i = 0; i < n && bad < 0; ++i) {
+      int32_t index;
+      std::memcpy(&index, run + 4 * i, 4);
+      if (index != -1 && (index < 0 || index > position)) {
+        bad = first + i;
+        bad_index = index;
+      }
     }
-  }
-  return absl::OkStatus();
+  });
+  if (bad < 0) return absl::OkStatus();
+  return Bad(absl::StrCat("indices: element ", bad, " is ", bad_index,
+                          "; each index must be -1 (skip) or a token position in [0, ", position,
+                          "] (the request's position)"));
 }
 
 }  // namespace
@@ -136,6 +151,11 @@ absl::Status ValidateSequenceId(const std::string& id, const char* field) {
 }
 
 absl::Status ValidateDecode(const v1::DecodeRequest& request, const ModelShape& model) {
+  return ValidateDecode(request, DecodeTensorBytes::Of(request), model);
+}
+
+absl::Status ValidateDecode(const v1::DecodeRequest& request, const DecodeTensorBytes& bytes,
+                            const ModelShape& model) {
   if (absl::Status s = ValidateSequenceId(request.sequence_id(), "sequence_id"); !s.ok()) return s;
   if (absl::Status s = CheckLayer(request.layer(), model); !s.ok()) return s;
   if (request.position() < 0 || request.position() > INT32_MAX) {
@@ -143,11 +163,11 @@ absl::Status ValidateDecode(const v1::DecodeRequest& request, const ModelShape& 
   }
   const std::array<int64_t, 2> q_shape = {model.num_q_heads, model.head_dim};
   const std::array<int64_t, 2> kv_shape = {model.num_kv_heads, model.head_dim};
-  if (absl::Status s = CheckBf16("q", request.q(), q_shape); !s.ok()) return s;
-  if (absl::Status s = CheckBf16("k", request.k(), kv_shape); !s.ok()) return s;
-  if (absl::Status s = CheckBf16("v", request.v(), kv_shape); !s.ok()) return s;
-  if (absl::Status s = CheckBf16("gate", request.gate(), q_shape); !s.ok()) return s;
-  return CheckIndices(request.indices(), request.position(), model);
+  if (absl::Status s = CheckBf16("q", request.q(), bytes.q, q_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16("k", request.k(), bytes.k, kv_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16("v", request.v(), bytes.v, kv_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16("gate", request.gate(), bytes.gate, q_shape); !s.ok()) return s;
+  return CheckIndices(request.indices(), bytes.indices, request.position(), model);
 }
 
 absl::Status ValidateAppend(const v1::AppendKVRequest& request, const ModelShape& model) {
@@ -166,8 +186,8 @@ absl::Status ValidateAppend(const v1::AppendKVRequest& request, const ModelShape
     return Bad("start_position + n exceeds 2^31 tokens");
   }
   const std::array<int64_t, 3> shape = {n, model.num_kv_heads, model.head_dim};
-  if (absl::Status s = CheckBf16("k", k, shape); !s.ok()) return s;
-  return CheckBf16("v", request.v(), shape);
+  if (absl::Status s = CheckBf16("k", k, TensorBytes::Of(k.data()), shape); !s.ok()) return s;
+  return CheckBf16("v", request.v(), TensorBytes::Of(request.v().data()), shape);
 }
 
 }  // namespace sds::server

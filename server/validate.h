@@ -7,11 +7,17 @@
 
 #include "absl/status/status.h"
 #include "server/model_shape.h"
+#include "server/tensor_bytes.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
 
 absl::Status ValidateSequenceId(const std::string& id, const char* field);
+// `bytes`: the request's tensor data (its own fields, or the wire slices of a raw call,
+// whose message fields then hold no data).
+absl::Status ValidateDecode(const sparse_decode::v1::DecodeRequest& request,
+                            const DecodeTensorBytes& bytes, const ModelShape& model);
+// The same with the data in the request's own fields.
 absl::Status ValidateDecode(const sparse_decode::v1::DecodeRequest& request,
                             const ModelShape& model);
 absl::Status ValidateAppend(const sparse_decode::v1::AppendKVRequest& request,

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/tensor_bytes.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
@@ -23,6 +24,9 @@ using Clock = std::chrono::steady_clock;
 // One token of one layer: append k/v at `position`, then sparse top-K attention.
 struct DecodeWork {
   const sparse_decode::v1::DecodeRequest* request = nullptr;
+  // The request's tensor data: its own fields, or the call's received slices (a raw
+  // Decode or DecodeBatch call, whose message fields then hold no data).
+  DecodeTensorBytes bytes;
   // On OK the executor has set request_id, out, lse (when asked) and batch.
   sparse_decode::v1::DecodeResponse* response = nullptr;
   std::string key;  // tenant-qualified sequence id (auth.h)

@@ -2,7 +2,10 @@
 // and DecodeStream alike, and leaves the cache intact: the next good request still
 // matches the reference. Also tenancy, authentication, deadlines, a full queue and
 // invalid start-up flags.
+#include <grpcpp/generic/generic_stub.h>
+
 #include <functional>
+#include <future>
 #include <limits>
 #include <thread>
 
@@ -126,6 +129,59 @@ TEST_F(ErrorsTest, EachBadDecodeGetsItsCodeAndTheCacheStaysIntact) {
                                           h.mirror().Length("victim", layer), 12, false, id++);
     EXPECT_TRUE(h.DecodeAndCheck(next).ok()) << "after " << bad.name;
   }
+}
+
+// Sends `bytes` as the whole request message of `method` (no client-side encoding).
+grpc::Status RawUnary(Harness& h, const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(h.server().NewChannel());
+  grpc::Slice slice(bytes.data(), bytes.size());
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/sparse_decode.v1.DecodeService/" + method, grpc::StubOptions(),
+                 &request, &response, [&done](const grpc::Status& s) { done.set_value(s); });
+  return done.get_future().get();
+}
+
+// Decode and DecodeBatch parse their messages themselves (server/wire_decode.cc): bytes
+// that are not a valid encoding are INVALID_ARGUMENT, and nothing of a truncated batch
+// runs (its first, complete request would otherwise be a valid decode).
+TEST_F(ErrorsTest, MalformedMessagesAreInvalidArgumentAndRunNothing) {
+  Harness& h = *harness_;
+  InputGen gen(12);
+  h.CreateAndPrefill(gen, "victim", 20);
+  const int32_t layer = 1;
+  v1::DecodeBatchRequest batch;
+  *batch.add_requests() =
+      RandomDecode(gen, model_, "victim", layer, h.mirror().Length("victim", layer), 8, false, 1);
+  *batch.add_requests() = RandomDecode(gen, model_, "other", layer, 0, 1, false, 2);  // not reached
+  const std::string encoded = batch.SerializeAsString();
+  const std::string one = batch.requests(0).SerializeAsString();
+  struct Case {
+    const char* method;
+    std::string bytes;
+  };
+  const Case cases[] = {
+      {"Decode", "\xff\xff\xff"},
+      {"DecodeBatch", "\xff\xff\xff"},
+      {"Decode", one.substr(0, one.size() - 1)},
+      {"DecodeBatch", encoded.substr(0, encoded.size() - 1)},
+      {"Decode", one + std::string(1, '\0')},  // a 0 tag
+  };
+  for (const Case& c : cases) {
+    const grpc::Status s = RawUnary(h, c.method, c.bytes);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.method << " of " << c.bytes.size() << " bytes: " << s.error_message();
+    EXPECT_NE(s.error_message().find("malformed"), std::string::npos) << s.error_message();
+  }
+  // The complete encodings are good calls, and the first request still fits the cache
+  // as it was (nothing above ran it).
+  EXPECT_TRUE(RawUnary(h, "Decode", one).ok());
+  h.mirror().WriteDecodeToken(batch.requests(0));
+  v1::DecodeRequest next =
+      RandomDecode(gen, model_, "victim", layer, h.mirror().Length("victim", layer), 12, false, 3);
+  EXPECT_TRUE(h.DecodeAndCheck(next).ok());
 }
 
 TEST_F(ErrorsTest, BadPrefillAndSequenceCalls) {

@@ -154,6 +154,7 @@ class BatcherTest : public ::testing::Test {
     auto record = std::make_shared<Record>();
     DecodeWork work;
     work.request = request.get();
+    work.bytes = DecodeTensorBytes::Of(*request);
     work.response = response.get();
     work.key = spec.sequence;
     if (spec.deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);

@@ -1,0 +1,76 @@
+// The state of one raw Decode or DecodeBatch call (the service takes both as gRPC
+// ByteBuffers): the received slices, the parsed request whose tensor data stays in
+// those slices (wire_decode.h), and the typed response, both messages on one arena whose
+// first block is sized for the model's tensors. Shared by the call's completions; freed
+// when the last one is gone.
+#pragma once
+
+#include <grpcpp/impl/codegen/proto_utils.h>  // SerializationTraits of protobuf messages
+#include <grpcpp/support/byte_buffer.h>
+
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/arena.h"
+#include "server/tensor_bytes.h"
+#include "server/wire_decode.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+template <typename Request, typename Response>
+class RawCall {
+ public:
+  // `first_block_bytes`: the arena's first block (later blocks grow up to 8x that).
+  explicit RawCall(size_t first_block_bytes)
+      : arena_(Options(first_block_bytes)),
+        request_(google::protobuf::Arena::CreateMessage<Request>(&arena_)),
+        response_(google::protobuf::Arena::CreateMessage<Response>(&arena_)) {}
+  RawCall(const RawCall&) = delete;
+  RawCall& operator=(const RawCall&) = delete;
+
+  // Takes the received message's slices and parses it (a DecodeRequest into one
+  // DecodeTensorBytes, a DecodeBatchRequest into one per request). INVALID_ARGUMENT
+  // when it is not a valid encoding.
+  absl::Status Parse(const grpc::ByteBuffer& received) {
+    if (absl::Status s = wire_.Take(received); !s.ok()) return s;
+    if constexpr (std::is_same_v<Request, sparse_decode::v1::DecodeBatchRequest>) {
+      return wire_.ParseDecodeBatch(request_, &bytes_);
+    } else {
+      bytes_.resize(1);
+      return wire_.ParseDecodeRequest(request_, &bytes_[0]);
+    }
+  }
+
+  // Serializes the response into `out` (slices that gRPC sends as they are).
+  absl::Status Reply(grpc::ByteBuffer* out) const {
+    bool own_buffer = false;
+    const grpc::Status s =
+        grpc::SerializationTraits<Response>::Serialize(*response_, out, &own_buffer);
+    if (s.ok()) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("cannot serialize the response: ", s.error_message()));
+  }
+
+  const Request* request() const { return request_; }
+  Response* response() { return response_; }
+  const DecodeTensorBytes& bytes(size_t i) const { return bytes_[i]; }
+
+ private:
+  static google::protobuf::ArenaOptions Options(size_t first_block) {
+    google::protobuf::ArenaOptions options;
+    options.start_block_size = first_block;
+    options.max_block_size = first_block * 8;
+    return options;
+  }
+
+  google::protobuf::Arena arena_;
+  Request* request_;
+  Response* response_;
+  WireMessage wire_;
+  std::vector<DecodeTensorBytes> bytes_;
+};
+
+}  // namespace sds::server
