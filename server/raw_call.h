@@ -21,6 +21,18 @@
 
 namespace sds::server {
 
+// Serializes `message` into `out` (slices that gRPC sends as they are), as a typed
+// method's handler would.
+inline absl::Status SerializeReply(const google::protobuf::MessageLite& message,
+                                   grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  const grpc::Status s =
+      grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::MessageLite>(message, out,
+                                                                                     &own_buffer);
+  if (s.ok()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cannot serialize the response: ", s.error_message()));
+}
+
 template <typename Request, typename Response>
 class RawCall {
  public:
@@ -45,14 +57,8 @@ class RawCall {
     }
   }
 
-  // Serializes the response into `out` (slices that gRPC sends as they are).
-  absl::Status Reply(grpc::ByteBuffer* out) const {
-    bool own_buffer = false;
-    const grpc::Status s =
-        grpc::SerializationTraits<Response>::Serialize(*response_, out, &own_buffer);
-    if (s.ok()) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("cannot serialize the response: ", s.error_message()));
-  }
+  // Serializes the response into `out`.
+  absl::Status Reply(grpc::ByteBuffer* out) const { return SerializeReply(*response_, out); }
 
   const Request* request() const { return request_; }
   Response* response() { return response_; }

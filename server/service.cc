@@ -258,7 +258,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
       /*count_rpc=*/false);
 }
 
-grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeServiceImpl::DecodeStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::DecodeStream(
     grpc::CallbackServerContext* context) {
   DecodeStreamReactor::Env env;
   env.admission = &admission_;

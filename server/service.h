@@ -22,16 +22,17 @@ namespace sds::server {
 
 class DecodeStreamReactor;
 
-// The generated callback service with Decode and DecodeBatch taken raw (as gRPC
-// ByteBuffers): their requests are parsed by wire_decode.h, so that tensor bytes go from
-// the received slices straight into the staging buffer. The wire format is unchanged.
+// The generated callback service with Decode, DecodeBatch and DecodeStream taken raw
+// (as gRPC ByteBuffers): their requests are parsed by wire_decode.h, so that tensor
+// bytes go from the received slices straight into the staging buffer. The wire format
+// is unchanged.
 namespace generated = sparse_decode::v1;
 using DecodeServiceBase = generated::DecodeService::WithCallbackMethod_GetModelInfo<
     generated::DecodeService::WithCallbackMethod_CreateSequence<
         generated::DecodeService::WithCallbackMethod_AppendKV<
             generated::DecodeService::WithRawCallbackMethod_Decode<
                 generated::DecodeService::WithRawCallbackMethod_DecodeBatch<
-                    generated::DecodeService::WithCallbackMethod_DecodeStream<
+                    generated::DecodeService::WithRawCallbackMethod_DecodeStream<
                         generated::DecodeService::WithCallbackMethod_ForkSequence<
                             generated::DecodeService::WithCallbackMethod_ReleaseSequence<
                                 generated::DecodeService::Service>>>>>>>>;
@@ -69,8 +70,9 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   grpc::ServerUnaryReactor* DecodeBatch(grpc::CallbackServerContext* context,
                                         const grpc::ByteBuffer* request,
                                         grpc::ByteBuffer* response) override;
-  grpc::ServerBidiReactor<sparse_decode::v1::DecodeRequest, sparse_decode::v1::DecodeResponse>*
-  DecodeStream(grpc::CallbackServerContext* context) override;
+  // Raw: DecodeRequest messages in, DecodeResponse messages out (stream_reactor.h).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ForkSequence(
       grpc::CallbackServerContext* context, const sparse_decode::v1::ForkSequenceRequest* request,
       sparse_decode::v1::ForkSequenceResponse* response) override;

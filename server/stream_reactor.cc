@@ -2,6 +2,9 @@
 
 #include <exception>
 
+#include "absl/strings/str_cat.h"
+
+#include "server/raw_call.h"
 #include "server/rpc_util.h"
 #include "spdlog/spdlog.h"
 
@@ -48,8 +51,19 @@ void DecodeStreamReactor::Call::CreateMessages() {
 }
 
 void DecodeStreamReactor::Call::Reset() {
+  received.Clear();
+  wire.Clear();
+  bytes = {};
+  reply.Clear();
   arena.Reset();  // frees any extra blocks, keeps the first
   CreateMessages();
+}
+
+absl::Status DecodeStreamReactor::Call::Parse() {
+  absl::Status s = wire.Take(received);
+  received.Clear();  // `wire` holds the slices now
+  if (s.ok()) s = wire.ParseDecodeRequest(request, &bytes);
+  return s;
 }
 
 void DecodeStreamReactor::StartNextReadLocked() {
@@ -59,7 +73,7 @@ void DecodeStreamReactor::StartNextReadLocked() {
     reading_ = std::move(free_calls_.back());
     free_calls_.pop_back();
   }
-  StartRead(reading_->request);
+  StartRead(&reading_->received);
 }
 
 void DecodeStreamReactor::RecycleLocked(std::unique_ptr<Call> call) {
@@ -105,7 +119,15 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
   // context), even when StartRead is issued before the run and the message is already
   // buffered; an attempt that started the read first lost all batching. So its requests
   // would run one by one, each into an idle batcher; queued instead, they batch.
-  {
+  absl::Status parsed;
+  try {
+    parsed = call->Parse();
+  } catch (const std::exception& e) {  // bad_alloc: no exception may leave a reaction
+    parsed = absl::InternalError(absl::StrCat("cannot parse the request: ", e.what()));
+  }
+  if (!parsed.ok()) {
+    Answer(call, parsed);  // a malformed message: its own answer, the stream goes on
+  } else {
     Batcher::SubmitterRun run;
     Submit(call, pipelined ? nullptr : &run);  // answered UNAVAILABLE when draining
     try {
@@ -157,8 +179,8 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
       status = absl::UnavailableError("server is draining");
     } else {
       status = env_.admission->Submit(
-          tenant_, call->request, DecodeTensorBytes::Of(*call->request), call->response,
-          DeadlineOf(*context_), [this] { return context_->IsCancelled(); },
+          tenant_, call->request, call->bytes, call->response, DeadlineOf(*context_),
+          [this] { return context_->IsCancelled(); },
           [this, call](const absl::Status& s) { Answer(call, s); }, run);
     }
   } catch (const std::exception& e) {
@@ -183,15 +205,22 @@ void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
   }
   env_.metrics->CountRequest(kRpc, status.code());
   env_.metrics->ObserveLatency(kRpc, SecondsSince(call->start));
+  // Serialized here, on the answering thread, as a typed StartWrite would at its call.
+  const absl::Status serialized = SerializeReply(*call->response, &call->reply);
+  if (!serialized.ok()) spdlog::error("DecodeStream: {}", serialized.ToString());
 
   std::lock_guard<std::mutex> lock(mu_);
+  if (!serialized.ok()) {  // a bug: end the stream with INTERNAL
+    internal_error_ = true;
+    reads_done_ = true;
+  }
   --pending_;
   last_answer_ = Clock::now();
-  if (!finished_ && !write_failed_) {
+  if (!finished_ && !write_failed_ && serialized.ok()) {
     writes_.push_back(std::move(call));
     if (!writing_) {
       writing_ = true;
-      StartWrite(writes_.front()->response);
+      StartWrite(&writes_.front()->reply);
     }
   } else {
     RecycleLocked(std::move(call));
@@ -209,7 +238,7 @@ void DecodeStreamReactor::OnWriteDone(bool ok) {
     writes_.clear();
   }
   if (!writes_.empty()) {
-    StartWrite(writes_.front()->response);
+    StartWrite(&writes_.front()->reply);
   } else {
     writing_ = false;
   }

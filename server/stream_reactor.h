@@ -1,6 +1,9 @@
 // DecodeStream: a bidi reactor that keeps reading while earlier requests are still in
 // the batcher. Responses are written in completion order (clients match them by
 // request_id); at most one write is outstanding, the rest wait in a small queue.
+// Raw, like Decode and DecodeBatch: each message is parsed from its received slices
+// (wire_decode.h), whose tensor bytes go straight into the staging buffer; a message
+// that is not a valid encoding is answered with INVALID_ARGUMENT in its response.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -18,12 +21,13 @@
 #include "google/protobuf/arena.h"
 #include "server/decode_submit.h"
 #include "server/metrics.h"
+#include "server/tensor_bytes.h"
+#include "server/wire_decode.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
 
-class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::DecodeRequest,
-                                                           sparse_decode::v1::DecodeResponse> {
+class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   struct Env {
     const DecodeAdmission* admission = nullptr;
@@ -53,12 +57,18 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<sparse_decode::v1::De
   // Tensor sub-message, so each message cost about 30 mallocs and frees.)
   struct Call {
     explicit Call(size_t bytes);
-    void Reset();  // fresh, empty messages in the same first block
+    void Reset();  // fresh, empty messages in the same first block, no slices held
+    // Parses `received` into request and bytes (INVALID_ARGUMENT when malformed).
+    absl::Status Parse();
 
     std::unique_ptr<char[]> block;  // the arena's first block; outlives the arena
     google::protobuf::Arena arena;
-    sparse_decode::v1::DecodeRequest* request = nullptr;    // on arena
+    grpc::ByteBuffer received;                            // StartRead's message
+    WireMessage wire;                                     // its slices, which `bytes` views
+    sparse_decode::v1::DecodeRequest* request = nullptr;  // on arena; tensor data in `bytes`
+    DecodeTensorBytes bytes;
     sparse_decode::v1::DecodeResponse* response = nullptr;  // on arena
+    grpc::ByteBuffer reply;                                 // response, serialized for StartWrite
     Clock::time_point start;
 
    private:

@@ -25,7 +25,7 @@ class WireMessage {
   // Takes references to `buffer`'s slices (no copy of their bytes); the views that the
   // Parse methods return stay valid while this object lives.
   absl::Status Take(const grpc::ByteBuffer& buffer);
-  void Take(std::vector<grpc::Slice> slices) { slices_ = std::move(slices); }
+  void Clear() { slices_.clear(); }  // drops the slices (the views become invalid)
   size_t size() const;
 
   // Parse this message as one DecodeRequest: fields into `request` (tensor data left

@@ -184,6 +184,68 @@ TEST_F(ErrorsTest, MalformedMessagesAreInvalidArgumentAndRunNothing) {
   EXPECT_TRUE(h.DecodeAndCheck(next).ok());
 }
 
+// One DecodeStream of raw messages: each written, then its answer read (a completion
+// queue and a generic stub, so that any bytes can be sent).
+class RawStream {
+ public:
+  explicit RawStream(Harness& h) : stub_(h.server().NewChannel()) {
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    call_ = stub_.PrepareCall(&context_, "/sparse_decode.v1.DecodeService/DecodeStream", &cq_);
+    call_->StartCall(this);
+    EXPECT_TRUE(Wait());
+  }
+  // Writes `bytes` as one message and reads one answer.
+  v1::DecodeResponse RoundTrip(const std::string& bytes) {
+    grpc::Slice slice(bytes.data(), bytes.size());
+    grpc::ByteBuffer out(&slice, 1), in;
+    call_->Write(out, this);
+    EXPECT_TRUE(Wait());
+    call_->Read(&in, this);
+    EXPECT_TRUE(Wait());
+    v1::DecodeResponse response;
+    EXPECT_TRUE(grpc::SerializationTraits<v1::DecodeResponse>::Deserialize(&in, &response).ok());
+    return response;
+  }
+  grpc::Status Finish() {
+    call_->WritesDone(this);
+    EXPECT_TRUE(Wait());
+    grpc::Status status;
+    call_->Finish(&status, this);
+    EXPECT_TRUE(Wait());
+    return status;
+  }
+
+ private:
+  bool Wait() {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq_.Next(&tag, &ok) && tag == this && ok;
+  }
+  grpc::GenericStub stub_;
+  grpc::ClientContext context_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+};
+
+// A malformed DecodeStream message gets its own INVALID_ARGUMENT answer; the stream
+// goes on and its next, good message is answered as usual.
+TEST_F(ErrorsTest, MalformedStreamMessageIsAnsweredAndTheStreamGoesOn) {
+  Harness& h = *harness_;
+  InputGen gen(13);
+  h.CreateAndPrefill(gen, "victim", 20);
+  const v1::DecodeRequest good =
+      RandomDecode(gen, model_, "victim", 0, h.mirror().Length("victim", 0), 8, true, 7);
+  RawStream stream(h);
+  const v1::DecodeResponse bad = stream.RoundTrip("\xff\xff\xff");
+  EXPECT_EQ(bad.error_code(), static_cast<int32_t>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(bad.error_message().find("malformed"), std::string::npos) << bad.error_message();
+  const v1::DecodeResponse answer = stream.RoundTrip(good.SerializeAsString());
+  EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
+  h.mirror().WriteDecodeToken(good);
+  EXPECT_EQ(h.mirror().Check(good, answer), "");
+  EXPECT_TRUE(stream.Finish().ok());
+}
+
 TEST_F(ErrorsTest, BadPrefillAndSequenceCalls) {
   Harness& h = *harness_;
   InputGen gen(12);
