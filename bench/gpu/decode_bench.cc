@@ -4,7 +4,7 @@
 // timed launch) and its ratio to the floor (minimum bytes / read-pass bandwidth), and
 // the largest v1 - v2 output difference. Prints a table; exits non-zero on any error.
 //   decode_bench [--case NAME] [--iters N] [--flush memset|read] [--inputs cold|warm]
-//                [--host_scalars on|off]
+//                [--host_scalars on|off] [--order random|chunk] [--pdl on|off]
 // --flush: how L2 is emptied before each timed launch: `memset` (default, the method of
 // the first table) writes 256 MiB, which leaves ~50 MB of dirty lines in L2 that the
 // timed kernel then pays to write back; `read` reads a separate 256 MiB buffer instead,
@@ -14,6 +14,13 @@
 // --host_scalars on (default, as the CUDA backend): the decode launches also get the host
 // copies of the per-request scalars (v1 takes them from its parameters for batches of at
 // most 16); off: the kernel reads them from global memory.
+// --order chunk (diagnostic): every index list (each KV head's, for per-KV-head lists) is
+// sorted by position within each decode chunk (kDecodeChunkTokens indices, -1 last), what
+// an in-kernel per-chunk sort would feed the gathers; random (default): the lists in the
+// random (score-like) order they were drawn in. Same positions either way.
+// --pdl on (default, as the CUDA backend): the `ad_` cases (an append of each request's
+// new token, then the decode, timed together) launch the v1 decode with programmatic
+// dependent launch; off: a plain launch after the append.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -134,6 +141,7 @@ struct Case {
   double goal_ratio;    // goal on time / floor (0: none)
   double goal_us;       // goal on absolute time (0: none)
   bool sorted = false;  // each list in position order (diagnostic of access locality)
+  bool append = false;  // time an append of each request's new token before the decode
 };
 
 // --inputs warm: after the flush, copy the batch's inputs (q, gate, indices, page tables,
@@ -141,6 +149,18 @@ struct Case {
 // in L2 and only the K/V cache is cold. Default (cold): every input is flushed too.
 bool g_warm_inputs = false;
 bool g_host_scalars = true;  // --host_scalars
+bool g_chunk_order = false;  // --order chunk
+bool g_pdl = true;           // --pdl
+
+// Sorts each kDecodeChunkTokens-index chunk of `list` by position, -1 entries last.
+void SortWithinChunks(std::vector<int32_t>& list) {
+  for (size_t c = 0; c < list.size(); c += cuda::kDecodeChunkTokens) {
+    const size_t end = std::min(list.size(), c + cuda::kDecodeChunkTokens);
+    std::sort(list.begin() + c, list.begin() + end, [](int32_t a, int32_t b) {
+      return static_cast<uint32_t>(a) < static_cast<uint32_t>(b);  // -1 as the largest
+    });
+  }
+}
 
 template <typename T>
 void Reupload(T* device, const std::vector<T>& host, cudaStream_t s) {
@@ -238,6 +258,7 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
       }
       if (c.sorted) std::sort(list.begin(), list.end());
     }
+    if (g_chunk_order) SortWithinChunks(list);
     indices.insert(indices.end(), list.begin(), list.end());
   }
   const size_t qn = static_cast<size_t>(c.batch) * c.hq * c.d;
@@ -266,6 +287,22 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
   host_batch.index_offset = io.data();
   host_batch.topk = topk.data();
   host_batch.indices_per_kv_head = perkv.data();
+  // `ad_` cases: each request's new token (position seq_len - 1), [B, Hkv, D] bf16 K and
+  // V, appended by the launch before the decode.
+  std::vector<uint16_t> knew, vnew;
+  std::vector<int32_t> alayer(c.batch, 0);
+  std::vector<int64_t> aslot(c.batch);
+  AppendBatch append{};
+  if (c.append) {
+    knew.resize(static_cast<size_t>(c.batch) * c.hkv * c.d);
+    vnew.resize(knew.size());
+    for (size_t i = 0; i < knew.size(); ++i) knew[i] = Bf16(nd(rng)), vnew[i] = Bf16(nd(rng));
+    const int64_t last = c.seq_len - 1;
+    for (int b = 0; b < c.batch; ++b)
+      aslot[b] = static_cast<int64_t>(perm[pto[b] + last / c.page]) * c.page + last % c.page;
+    append =
+        AppendBatch{c.batch, UploadVec(knew), UploadVec(vnew), UploadVec(alayer), UploadVec(aslot)};
+  }
   cuda::DecodeWorkspace ws;
   ws.capacity_floats = cuda::DecodeWorkspaceFloats(c.batch, c.hq, c.d, c.topk);
   ws.capacity_counters = cuda::DecodeWorkspaceCounters(c.batch, c.hkv);
@@ -299,8 +336,10 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
     Check(cudaMemset(batch.out, 0xFF, qn * 2), "poison out");
     (k == 0 ? r.us : r.us_v2) = TimeMedianUs(
         [&] {
-          absl::Status st = cuda::LaunchDecode(view, batch, c.topk, ws, s, kernel,
-                                               g_host_scalars ? &host_batch : nullptr);
+          absl::Status st = c.append ? cuda::LaunchAppend(view, append, s) : absl::OkStatus();
+          if (st.ok())
+            st = cuda::LaunchDecode(view, batch, c.topk, ws, s, kernel,
+                                    g_host_scalars ? &host_batch : nullptr, c.append && g_pdl);
           if (!st.ok()) {
             std::fprintf(stderr, "%s: %s\n", c.name.c_str(), st.ToString().c_str());
             std::exit(2);
@@ -336,6 +375,10 @@ Result RunDecodeCase(const Case& c, double read_gbs, int iters, Flusher* flush, 
         static_cast<const void*>(batch.index_offset), static_cast<const void*>(batch.topk),
         static_cast<const void*>(batch.indices_per_kv_head), static_cast<const void*>(batch.out),
         static_cast<const void*>(ws.partial), static_cast<const void*>(ws.counters)})
+    if (p) cudaFree(const_cast<void*>(p));
+  for (const void* p :
+       {static_cast<const void*>(append.k_new), static_cast<const void*>(append.v_new),
+        static_cast<const void*>(append.layer), static_cast<const void*>(append.slot)})
     if (p) cudaFree(const_cast<void*>(p));
   return r;
 }
@@ -387,6 +430,9 @@ int main(int argc, char** argv) {
       g_warm_inputs = !std::strcmp(argv[++i], "warm");
     if (!std::strcmp(argv[i], "--host_scalars") && i + 1 < argc)
       g_host_scalars = !std::strcmp(argv[++i], "on");
+    if (!std::strcmp(argv[i], "--order") && i + 1 < argc)
+      g_chunk_order = !std::strcmp(argv[++i], "chunk");
+    if (!std::strcmp(argv[i], "--pdl") && i + 1 < argc) g_pdl = !std::strcmp(argv[++i], "on");
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -418,6 +464,13 @@ int main(int argc, char** argv) {
       // reading whole pages in order could reach), not a goal shape.
       {"seed_sorted", 256, 32, 8, 128, 16, 512, 512, ScaleMode::kPerTensor, 0, 0, true},
       {"b64_sorted", 64, 32, 8, 128, 16, 32768, 2048, ScaleMode::kPerTensor, 0, 0, true},
+      // Append of each request's new token, then the decode, timed together (the
+      // backend's device work per batch; --pdl on|off: the decode's launch).
+      {"ad_b1_k2048_128k", 1, 32, 8, 128, 16, 131072, 2048, ScaleMode::kPerTensor, 0, 0, false,
+       true},
+      {"ad_b8_k2048_128k", 8, 32, 8, 128, 16, 131072, 2048, ScaleMode::kPerTensor, 0, 0, false,
+       true},
+      {"ad_seed", 256, 32, 8, 128, 16, 512, 512, ScaleMode::kPerTensor, 0, 0, false, true},
   };
   Flusher flush(read_flush);
   std::printf("host copies of the per-request scalars passed to the decode launches: %s\n",
@@ -426,6 +479,9 @@ int main(int argc, char** argv) {
               read_flush ? "read of a separate 256 MiB buffer" : "256 MiB memset",
               g_warm_inputs ? "copied again after the flush (warm, as in the server)"
                             : "flushed with the cache (cold)");
+  std::printf("index lists: %s; append + decode cases: decode launch %s\n",
+              g_chunk_order ? "sorted by position within each chunk" : "random order",
+              g_pdl ? "programmatic (PDL)" : "plain");
   std::vector<std::string> lines;
   char line[256];
   const char* v2_heads = std::getenv("SDS_DECODE_V2_HEADS");

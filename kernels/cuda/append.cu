@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/kernel_launch.h"
 #include "kernels/fp8.h"
 
@@ -94,6 +95,9 @@ __global__ void __launch_bounds__(kAppendThreads)
     scales[static_cast<int64_t>(layer) * cache.geo.num_pages * cache.geo.page_size * hkv + row] =
         scale;
   }
+  // The decode that follows with programmatic dependent launch may be scheduled once every
+  // row is stored (its cache reads still wait for this grid's completion).
+  AllowDependentLaunch();
 }
 
 template <int D, int kPerLane>

@@ -90,6 +90,15 @@ bool EnvClusterMerge() {
   return enabled;
 }
 
+// SDS_DECODE_PDL=0 (diagnostics): no programmatic dependent launch after the append.
+bool EnvPdl() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SDS_DECODE_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
 // SDS_DECODE_V2_HEADS (diagnostics): KV heads per v2 CTA, 0 (unset) = chosen per batch.
 int32_t EnvV2Heads() {
   static const int32_t heads = [] {
@@ -168,7 +177,7 @@ int32_t DecodeInlineRequests() { return kDecodeInlineRequests; }
 
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
                           const DecodeWorkspace& workspace, cudaStream_t stream,
-                          DecodeKernel kernel, const DecodeBatch* host_batch) {
+                          DecodeKernel kernel, const DecodeBatch* host_batch, bool after_append) {
   if (batch.num_requests <= 0) return absl::OkStatus();
   const CacheGeometry& geo = cache.geo;
   if (absl::Status s = CheckDecodeShape(batch.num_q_heads, geo); !s.ok()) return s;
@@ -239,7 +248,8 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
           host_batch->layer[b],        host_batch->indices_per_kv_head[b], 0};
   }
   if (!v2)
-    return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token, stream),
+    return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token,
+                                        after_append && EnvPdl(), stream),
                     "sparse decode kernel launch");
   if (absl::Status s = PlanV2(kernel, batch.num_requests, batch.num_q_heads, geo, max_topk,
                               workspace.partial == nullptr ? 0 : workspace.capacity_floats, &p);

@@ -66,10 +66,15 @@ int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads);
 // pointers are not read). With at most DecodeInlineRequests() requests, v1 then takes
 // them from its launch parameters instead of global memory (one dependent load fewer;
 // same bits).
+// after_append: the previous work on `stream` is the batch's append kernel (LaunchAppend),
+// and nothing but it may still be writing what the decode reads. v1 is then launched
+// with programmatic dependent launch: its CTAs resolve their index lists and page tables
+// while the append runs and read the cache only once the append has completed (same
+// bits). SDS_DECODE_PDL=0 in the environment turns this off (diagnostics); v2 ignores it.
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
                           const DecodeWorkspace& workspace, cudaStream_t stream,
                           DecodeKernel kernel = DecodeKernel::kDefault,
-                          const DecodeBatch* host_batch = nullptr);
+                          const DecodeBatch* host_batch = nullptr, bool after_append = false);
 // Largest batch whose per-request scalars travel in v1's launch parameters (16).
 int32_t DecodeInlineRequests();
 

@@ -19,7 +19,9 @@
 // arithmetic order (deeper rings for small grids measured no faster: bench/RESULTS.md).
 // Prologue: each warp resolves its own tokens (steps warp, warp + W, ...) to cache rows
 // and issues its first cp.async stages before the CTA loads Q, so the Q load and the
-// f16 fragment build overlap the first K/V round trip.
+// f16 fragment build overlap the first K/V round trip. Launched with programmatic
+// dependent launch (after the append), the CTA waits for the previous kernel between
+// resolving its rows and issuing its first cache reads.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -307,6 +309,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
       rows[idx[u]] = row[u];
     }
     __syncwarp();
+    // Launched after the batch's append with programmatic dependent launch, the CTA got
+    // here (index list, page table: inputs the append does not write) while the append
+    // may still be running; the K/V rows and token scales are read only after it is done.
+    GridDependencyWait();
 #pragma unroll
     for (int i = 0; i < T::kStages - 1; ++i) {
       if (i < my_steps) issue(i);

@@ -38,7 +38,7 @@ const KernelConfig& Configure() {
 }
 
 template <int D, int kRows, bool kPerToken>
-cudaError_t Launch(DecodeParams params, int32_t num_requests, cudaStream_t stream) {
+cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStream_t stream) {
   constexpr int kStages = kDecodeDefaultStages<D>;
   constexpr int kSmem = DecodeTile<D, kRows, kPerToken, kStages>::kSmemBytes;
   auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages>;
@@ -54,25 +54,36 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, cudaStream_t strea
   params.cluster_merge = params.cluster_merge &&
                          DecodeTile<D, kRows, kPerToken, kStages>::kClusterMergeFits &&
                          params.max_chunks >= 2 && params.max_chunks <= 8 && ctas <= config.sms;
-  // Without clusters: one CTA merges through the global workspace.
-  auto launch_plain = [&] {
-    params.cluster_merge = 0;
-    kernel<<<grid, kDecodeThreads, kSmem, stream>>>(params);
-    return cudaGetLastError();
-  };
-  if (!params.cluster_merge) return launch_plain();
   cudaLaunchConfig_t launch = {};
   launch.gridDim = grid;
   launch.blockDim = dim3(kDecodeThreads);
   launch.dynamicSmemBytes = kSmem;
   launch.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = 1;
-  cluster[0].val.clusterDim.y = static_cast<unsigned>(params.max_chunks);  // cluster rank = chunk
-  cluster[0].val.clusterDim.z = 1;
-  launch.attrs = cluster;
+  cudaLaunchAttribute attrs[2];
+  // Programmatic dependent launch: the CTAs may start while the previous kernel of the
+  // stream runs (the kernel waits for it before its first cache read).
+  auto add_pdl = [&] {
+    if (!pdl) return;
+    cudaLaunchAttribute& a = attrs[launch.numAttrs++];
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+  };
+  // Without clusters: one CTA merges through the global workspace.
+  auto launch_plain = [&] {
+    params.cluster_merge = 0;
+    launch.numAttrs = 0;
+    launch.attrs = attrs;
+    add_pdl();
+    return cudaLaunchKernelEx(&launch, kernel, params);
+  };
+  if (!params.cluster_merge) return launch_plain();
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1;
+  attrs[0].val.clusterDim.y = static_cast<unsigned>(params.max_chunks);  // cluster rank = chunk
+  attrs[0].val.clusterDim.z = 1;
+  launch.attrs = attrs;
   launch.numAttrs = 1;
+  add_pdl();
   const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, params);
   if (err != cudaErrorInvalidClusterSize && err != cudaErrorLaunchOutOfResources) return err;
   // The context cannot place such a cluster (e.g. a partitioned GPU): clear the error
@@ -83,15 +94,15 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, cudaStream_t strea
 }
 
 template <int D>
-cudaError_t LaunchForDim(const DecodeParams& params, int32_t num_requests, bool per_token,
+cudaError_t LaunchForDim(const DecodeParams& params, int32_t num_requests, bool per_token, bool pdl,
                          cudaStream_t stream) {
   const bool wide = params.group > 8;
   if (per_token) {
-    return wide ? Launch<D, 16, true>(params, num_requests, stream)
-                : Launch<D, 8, true>(params, num_requests, stream);
+    return wide ? Launch<D, 16, true>(params, num_requests, pdl, stream)
+                : Launch<D, 8, true>(params, num_requests, pdl, stream);
   }
-  return wide ? Launch<D, 16, false>(params, num_requests, stream)
-              : Launch<D, 8, false>(params, num_requests, stream);
+  return wide ? Launch<D, 16, false>(params, num_requests, pdl, stream)
+              : Launch<D, 8, false>(params, num_requests, pdl, stream);
 }
 
 }  // namespace
@@ -108,14 +119,14 @@ cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head
 }
 
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
-                                bool per_token_head, cudaStream_t stream) {
+                                bool per_token_head, bool pdl, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return LaunchForDim<64>(params, num_requests, per_token_head, stream);
+      return LaunchForDim<64>(params, num_requests, per_token_head, pdl, stream);
     case 128:
-      return LaunchForDim<128>(params, num_requests, per_token_head, stream);
+      return LaunchForDim<128>(params, num_requests, per_token_head, pdl, stream);
     case 256:
-      return LaunchForDim<256>(params, num_requests, per_token_head, stream);
+      return LaunchForDim<256>(params, num_requests, per_token_head, pdl, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -1,10 +1,26 @@
 // Small device helpers for the sm_90a kernels: FP8 pair conversion, the m16n8k16 f16
-// tensor-core MMA, 16-byte cp.async with zero fill, and fast base-2 exponentials.
+// tensor-core MMA, 16-byte cp.async with zero fill, fast base-2 exponentials and the
+// programmatic dependent launch controls.
 #pragma once
 
 #include <cstdint>
 
 namespace sds::cuda {
+
+// Programmatic dependent launch (Hopper PDL). A kernel launched with programmatic
+// stream serialization may start before the previous kernel of its stream has finished;
+// GridDependencyWait returns once that kernel has completed and its memory operations
+// are visible to this grid (a no-op in a grid launched without the attribute). Only
+// reads of what the previous kernel writes must follow it.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+// Lets the dependent grid be scheduled once every CTA of this grid has issued it (or
+// exited). Scheduling only: it makes no memory visible; the dependent's
+// GridDependencyWait still waits for this grid to complete.
+__device__ __forceinline__ void AllowDependentLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 // Four E4M3 bytes (one 32-bit word, byte 0 lowest) -> two f16x2 words:
 // lo = {byte0, byte1}, hi = {byte2, byte3} (the lower byte lands in the lower half).

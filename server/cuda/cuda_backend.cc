@@ -1,6 +1,7 @@
 // The CUDA backend: the paged FP8 cache in device memory (copy-on-write and zeroing
 // ordered on the backend's stream), pinned staging, asynchronous input copies, one
-// append launch and one decode launch per batch, CUDA-event timing.
+// append launch and one decode launch per batch (the decode overlapping the append's
+// end through programmatic dependent launch), CUDA-event timing.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -220,7 +221,8 @@ class CudaBackend : public Backend {
       if (absl::Status s = cuda::LaunchAppend(view, append, stream_); !s.ok()) return s;
     }
     if (d.num_requests > 0) {
-      if (absl::Status s = EnqueueDecode(view, d, max_topk, &dev[next]); !s.ok()) return s;
+      if (absl::Status s = EnqueueDecode(view, d, max_topk, &dev[next], a.num_tokens > 0); !s.ok())
+        return s;
     }
     return CudaCall(cudaEventRecord(stop_, stream_), "event record");
   }
@@ -273,9 +275,11 @@ class CudaBackend : public Backend {
   }
 
   // Launches the decode on the uploaded inputs (dev: the nine device addresses in
-  // AddDecodeInputs' order) and copies the outputs back.
+  // AddDecodeInputs' order) and copies the outputs back. after_append: the append kernel
+  // was the last work enqueued, so the decode may overlap it (programmatic dependent
+  // launch: its prologue runs during the append, its cache reads wait for it).
   absl::Status EnqueueDecode(const CacheView& view, const DecodeBatch& d, int32_t max_topk,
-                             void* const* dev) {
+                             void* const* dev, bool after_append) {
     const int32_t b = d.num_requests;
     DecodeBatch batch;
     batch.num_requests = b;
@@ -294,7 +298,7 @@ class CudaBackend : public Backend {
     // d's [B] arrays are the host copies of what was uploaded: small batches carry them in
     // the kernel's parameters.
     if (absl::Status s = cuda::LaunchDecode(view, batch, max_topk, workspace_, stream_,
-                                            cuda::DecodeKernel::kDefault, &d);
+                                            cuda::DecodeKernel::kDefault, &d, after_append);
         !s.ok())
       return s;
     const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * view.geo.head_dim;

@@ -289,7 +289,7 @@ std::string KernelName(cuda::DecodeKernel kernel) {
 
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
                   std::vector<uint16_t>* out, std::vector<float>* lse, cuda::DecodeKernel kernel,
-                  bool host_scalars, const DecodeBatch* host) {
+                  bool host_scalars, const DecodeBatch* host, const AppendBatch* append_first) {
   const int n = batch.size();
   cuda::DecodeWorkspace ws;
   ws.capacity_floats = cuda::DecodeWorkspaceFloats(n, batch.hq, batch.d, batch.max_topk);
@@ -302,13 +302,24 @@ void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
   batch.Poison();
   const DecodeBatch own = batch.HostBatch(nullptr, nullptr);
   const DecodeBatch* copies = host_scalars ? (host != nullptr ? host : &own) : nullptr;
-  absl::Status s = cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse),
-                                      batch.max_topk, ws, 0, kernel, copies);
+  cudaStream_t stream = nullptr;  // the legacy default stream unless append_first
+  if (append_first != nullptr) {
+    Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    const absl::Status s = cuda::LaunchAppend(cache.DeviceView(), *append_first, stream);
+    if (!s.ok()) {
+      std::fprintf(stderr, "LaunchAppend: %s\n", s.ToString().c_str());
+      std::abort();
+    }
+  }
+  absl::Status s =
+      cuda::LaunchDecode(cache.DeviceView(), batch.DeviceBatch(with_lse), batch.max_topk, ws,
+                         stream, kernel, copies, /*after_append=*/append_first != nullptr);
   if (!s.ok()) {
     std::fprintf(stderr, "LaunchDecode: %s\n", s.ToString().c_str());
     std::abort();
   }
   Check(cudaDeviceSynchronize(), "decode kernel");
+  if (stream != nullptr) Check(cudaStreamDestroy(stream), "stream");
   *out = Download<uint16_t>(batch.dout, static_cast<size_t>(n) * batch.hq * batch.d);
   *lse = Download<float>(batch.dlse, static_cast<size_t>(n) * batch.hq);
 }

@@ -111,10 +111,13 @@ TestBatch BuildBatch(const TestCache& cache, int hq, const std::vector<RequestSp
 // backend does), so batches of at most cuda::DecodeInlineRequests() requests take their
 // scalars from the launch parameters; `host` (optional) replaces those copies (a test
 // that makes them disagree with the device arrays sees which ones the kernel read).
+// append_first (device pointers, optional): launched with LaunchAppend on the decode's
+// stream right before it, the decode then launched as the backend launches it after an
+// append (LaunchDecode's after_append: programmatic dependent launch).
 void RunGpuDecode(const TestCache& cache, TestBatch& batch, bool with_lse,
                   std::vector<uint16_t>* out, std::vector<float>* lse,
                   cuda::DecodeKernel kernel = cuda::DecodeKernel::kV1, bool host_scalars = true,
-                  const DecodeBatch* host = nullptr);
+                  const DecodeBatch* host = nullptr, const AppendBatch* append_first = nullptr);
 
 // "v1", "v2", "v2coarse", "v2fine" (test names).
 std::string KernelName(cuda::DecodeKernel kernel);
