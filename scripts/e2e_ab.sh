@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A/B/B/A of two decode_server binaries in the end-to-end bench, in one run (same echo
+# server, load generator and machine state), for decisions that must beat the spread of
+# two runs of the same binary:
+#   bash scripts/e2e_ab.sh BIN SERVER_A SERVER_B
+# BIN holds echo_server and decode_loadgen (a build dir's layout or a bundle's bin/); the
+# bench's knobs (SHAPES, BACKEND, DURATION_S, STREAMS, BATCHES, ...) pass through.
+# Prints every case's row of each run's summary table, prefixed with the run's label.
+# Fails when a run fails or its summary has no case rows.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $# -eq 3 ]] || { echo "usage: $0 BIN SERVER_A SERVER_B" >&2; exit 2; }
+BIN=$1
+work=$(mktemp -d /tmp/e2e_ab.XXXXXX)
+for label in A B; do
+  mkdir -p "$work/$label"
+  for tool in echo_server decode_loadgen; do
+    src=$BIN/$tool
+    [[ -x $src ]] || src=$(find "$BIN" -type f -name "$tool" -perm -u+x | head -1)
+    [[ -n $src && -x $src ]] || { echo "e2e_ab: no $tool under $BIN" >&2; exit 1; }
+    cp "$src" "$work/$label/"
+  done
+done
+cp "$2" "$work/A/decode_server"
+cp "$3" "$work/B/decode_server"
+run=0
+for label in A B B A; do
+  run=$((run + 1))
+  out=$work/out_$run
+  if ! OUT_DIR=$out bash bench/e2e/run_e2e_bench.sh "$work/$label" >"$work/run_$run.log" 2>&1; then
+    tail -n 30 "$work/run_$run.log" >&2
+    echo "e2e_ab: run $run ($label) failed" >&2
+    exit 1
+  fi
+  rows=$(grep -E '^\| [a-z0-9]+_(stream|batch)[0-9]+ ' "$out/summary.md" || true)
+  [[ -n $rows ]] || { echo "e2e_ab: run $run ($label) printed no case rows" >&2; exit 1; }
+  [[ $run -eq 1 ]] && grep -E '^\| case ' "$out/summary.md" | sed 's/^/    /'
+  sed "s/^/$label$run /" <<<"$rows"
+done
+echo "e2e_ab: logs and JSON in $work"
