@@ -26,6 +26,7 @@
 #include "server/heap_tuning.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
+#include "server/mutex_tuning.h"
 #include "server/options.h"
 #include "server/self_test.h"
 #include "server/service.h"
@@ -263,6 +264,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (!sds::KeepFreedHeapMemory())
     spdlog::warn("mallopt refused the heap settings of server/heap_tuning.h");
+  sds::DisableMutexDeadlockDetection();
   const auto level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(level);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");

@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "bench/e2e/echo_service.h"
 #include "server/heap_tuning.h"
+#include "server/mutex_tuning.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061", "host:port to serve on (port 0 picks one)");
 ABSL_FLAG(int32_t, num_layers, 4, "layers reported by GetModelInfo");
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Echo DecodeService: same-size answers, no compute.");
   absl::ParseCommandLine(argc, argv);
   if (!sds::KeepFreedHeapMemory()) std::fprintf(stderr, "echo_server: mallopt refused\n");
+  sds::DisableMutexDeadlockDetection();
   sparse_decode::v1::ModelInfo info;
   info.set_num_layers(absl::GetFlag(FLAGS_num_layers));
   info.set_num_q_heads(absl::GetFlag(FLAGS_num_q_heads));
