@@ -48,6 +48,10 @@ ABSL_FLAG(int32_t, staging_threads, 1,
           "threads copying a batch's request tensors into staging (batches of 16 or more); "
           "1 = the batcher's thread alone (on the H200 host 4 measured within the run-to-run "
           "spread, bench/RESULTS.md)");
+ABSL_FLAG(int32_t, answer_threads, 4,
+          "threads writing DecodeStream answers of batches of two or more requests, so that "
+          "the batch's thread goes on (gRPC writes inline on the calling thread); 0 = the "
+          "batch's thread writes them; a batch of one is always answered by its thread");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
@@ -143,6 +147,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
   opt.eager_batching = absl::GetFlag(FLAGS_eager_batching);
   opt.staging_threads = absl::GetFlag(FLAGS_staging_threads);
+  opt.answer_threads = absl::GetFlag(FLAGS_answer_threads);
   opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   opt.auth_token = absl::GetFlag(FLAGS_auth_token);
@@ -169,6 +174,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (opt.max_queue_delay_us < 0) return Bad("--max_queue_delay_us must be >= 0");
   if (opt.staging_threads < 1 || opt.staging_threads > 64)
     return Bad("--staging_threads must be in [1, 64]");
+  if (opt.answer_threads < 0 || opt.answer_threads > 64)
+    return Bad("--answer_threads must be in [0, 64]");
   if (opt.inline_idle_batches && !opt.eager_batching) {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
   }

@@ -69,6 +69,7 @@ ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& mode
   ServiceConfig config;
   config.model = model;
   config.auth_token = opt.auth_token;
+  config.answer_threads = opt.answer_threads;
   const CacheConfig& cache = opt.backend_config.cache;
   sparse_decode::v1::ModelInfo& info = config.info;
   info.set_num_layers(cache.num_layers);

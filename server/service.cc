@@ -83,7 +83,10 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
       backend_(backend),
       batcher_(batcher),
       metrics_(metrics),
-      admission_(batcher, &backend->cache(), &pending_, config_.model) {}
+      admission_(batcher, &backend->cache(), &pending_, config_.model) {
+  if (config_.answer_threads > 0)
+    answer_pool_ = std::make_unique<TaskPool>(config_.answer_threads, "sds-answer");
+}
 
 absl::StatusOr<std::string> DecodeServiceImpl::Admit(
     const grpc::CallbackServerContext& context) const {
@@ -265,6 +268,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::
   env.metrics = metrics_;
   env.draining = &draining_;
   env.call_bytes = DecodeCallBytes(config_.model);
+  env.answer_pool = answer_pool_.get();
   env.on_done = [this](DecodeStreamReactor* stream) {
     std::lock_guard<std::recursive_mutex> lock(streams_mu_);
     streams_.erase(stream);

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -16,6 +17,7 @@
 #include "server/metrics.h"
 #include "server/model_shape.h"
 #include "server/pending_writes.h"
+#include "server/task_pool.h"
 #include "sparse_decode/v1/decode.grpc.pb.h"
 
 namespace sds::server {
@@ -40,6 +42,7 @@ using DecodeServiceBase = generated::DecodeService::WithCallbackMethod_GetModelI
 struct ServiceConfig {
   ModelShape model;
   std::string auth_token;
+  int32_t answer_threads = 0;  // DecodeStream answer pool (task_pool.h); 0 = none
   // Static fields of GetModelInfo; total_pages/free_pages are filled per call.
   sparse_decode::v1::ModelInfo info;
 };
@@ -91,6 +94,9 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   Metrics* const metrics_;
   PendingWrites pending_;  // before admission_, which points to it
   const DecodeAdmission admission_;
+  // Writes DecodeStream answers of multi-request batches (null with answer_threads 0).
+  // Outlives every stream: the service is destroyed after the gRPC server shut down.
+  std::unique_ptr<TaskPool> answer_pool_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_streams_{0};
   std::recursive_mutex streams_mu_;  // recursive: a finished stream may unregister inline

@@ -181,13 +181,27 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
       status = env_.admission->Submit(
           tenant_, call->request, call->bytes, call->response, DeadlineOf(*context_),
           [this] { return context_->IsCancelled(); },
-          [this, call](const absl::Status& s) { Answer(call, s); }, run);
+          [this, call](const absl::Status& s) { Completed(call, s); }, run);
     }
   } catch (const std::exception& e) {
     spdlog::error("DecodeStream: exception while submitting: {}", e.what());
     status = absl::InternalError("internal error while queueing the request");
   }
   if (!status.ok()) Answer(call, status);
+}
+
+void DecodeStreamReactor::Completed(Call* call, const absl::Status& status) {
+  if (env_.answer_pool != nullptr && status.ok() && call->response->batch().batch_size() > 1) {
+    try {
+      // The stream cannot finish before this runs: the request stays pending until
+      // Answer, and Finish waits for no pending requests.
+      env_.answer_pool->Post([this, call, status] { Answer(call, status); });
+      return;
+    } catch (const std::exception& e) {  // bad_alloc queueing the task: answer here
+      spdlog::warn("DecodeStream: answer pool refused a task: {}", e.what());
+    }
+  }
+  Answer(call, status);
 }
 
 void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
