@@ -4,8 +4,16 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace sds::cudabench {
+
+// bf16 bits of a finite x, rounded to nearest even (host).
+inline uint16_t Bf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
 
 // Reads `bytes` (a multiple of 16) of `data` once; sink: [blocks * 512] uint32.
 cudaError_t ReadPass(const void* data, int64_t bytes, uint32_t* sink, int blocks,

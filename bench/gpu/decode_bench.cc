@@ -5,6 +5,8 @@
 // the largest v1 - v2 output difference. Prints a table; exits non-zero on any error.
 //   decode_bench [--case NAME] [--iters N] [--flush memset|read] [--inputs cold|warm]
 //                [--host_scalars on|off] [--order random|chunk] [--pdl on|off]
+// --case backend (or one backend_* case): the CUDA backend's Run per batch, outputs
+// copied back vs written into the mapped staging (backend_bench.cc), only when named.
 // --flush: how L2 is emptied before each timed launch: `memset` (default, the method of
 // the first table) writes 256 MiB, which leaves ~50 MB of dirty lines in L2 that the
 // timed kernel then pays to write back; `read` reads a separate 256 MiB buffer instead,
@@ -35,6 +37,9 @@
 #include <vector>
 
 #include "bench/gpu/bench_kernels.h"
+#ifdef SDS_BENCH_BACKEND
+#include "bench/gpu/backend_bench.h"
+#endif
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_launch.h"
 
@@ -60,12 +65,6 @@ T* UploadVec(const std::vector<T>& v) {
   T* p = static_cast<T*>(Alloc(v.size() * sizeof(T) + 16));
   Check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
   return p;
-}
-
-uint16_t Bf16(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
 }
 
 struct Flusher {
@@ -486,6 +485,15 @@ int main(int argc, char** argv) {
   char line[256];
   const char* v2_heads = std::getenv("SDS_DECODE_V2_HEADS");
   std::printf("v2 KV heads per CTA: %s\n", v2_heads ? v2_heads : "chosen per batch");
+  // Backend cases run only when named (`--case backend` for all of them).
+  if (only.rfind("backend", 0) == 0) {
+#ifdef SDS_BENCH_BACKEND
+    if (!RunBackendCases(only, s, &lines)) g_failed = true;
+#else
+    std::fprintf(stderr, "built without the CUDA backend: no backend cases\n");
+    g_failed = true;
+#endif
+  }
   for (const Case& c : cases) {
     if (!only.empty() && only != c.name) continue;
     const Result r = RunDecodeCase(c, read_gbs, iters, &flush, s);

@@ -1,13 +1,20 @@
 // The CUDA backend: the paged FP8 cache in device memory (copy-on-write and zeroing
-// ordered on the backend's stream), pinned staging, asynchronous input copies, one
-// append launch and one decode launch per batch (the decode overlapping the append's
-// end through programmatic dependent launch), CUDA-event timing.
+// ordered on the backend's stream), pinned staging mapped into the device address
+// space, asynchronous input copies, one append launch and one decode launch per batch
+// (the decode overlapping the append's end through programmatic dependent launch), the
+// outputs copied back or, for small batches, written by the decode straight into the
+// staging (cuda_backend.h), CUDA-event timing.
+#include "server/cuda/cuda_backend.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -73,9 +80,70 @@ InputUpload::Input Input(DeviceBuffer* own, const T* host, size_t count, const c
   return {own, host, sizeof(T) * count, what};
 }
 
+// Staging allocations, pinned and mapped into the device address space, by host
+// address; AllocateStaging may run on other threads than Run.
+class MappedStaging {
+ public:
+  MappedStaging() = default;
+  MappedStaging(const MappedStaging&) = delete;
+  MappedStaging& operator=(const MappedStaging&) = delete;
+
+  // nullptr when either CUDA call fails (the error is cleared: not sticky).
+  void* Allocate(size_t bytes) {
+    void* host = nullptr;
+    if (cudaHostAlloc(&host, bytes == 0 ? 1 : bytes, cudaHostAllocMapped) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    // The device address of mapped memory need not equal the host one (the CUDA docs
+    // promise that only under unified addressing), so ask for it.
+    void* device = nullptr;
+    if (cudaHostGetDevicePointer(&device, host, 0) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeHost(host);
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[reinterpret_cast<uintptr_t>(host)] = {bytes, reinterpret_cast<uintptr_t>(device)};
+    return host;
+  }
+  void Free(void* host) {
+    if (host == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      regions_.erase(reinterpret_cast<uintptr_t>(host));
+    }
+    cudaFreeHost(host);
+  }
+  // Device address of host[0 .. bytes) when it lies inside one allocation and is
+  // 16-byte aligned (what the kernels assume of their device buffers; a copy takes any
+  // alignment), else nullptr.
+  void* DeviceAddress(const void* host, size_t bytes) const {
+    const uintptr_t h = reinterpret_cast<uintptr_t>(host);
+    if (host == nullptr || h % 16 != 0) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.upper_bound(h);
+    if (it == regions_.begin()) return nullptr;
+    --it;
+    const uintptr_t offset = h - it->first;
+    if (offset > it->second.bytes || bytes > it->second.bytes - offset) return nullptr;
+    const uintptr_t device = it->second.device + offset;
+    return device % 16 == 0 ? reinterpret_cast<void*>(device) : nullptr;
+  }
+
+ private:
+  struct Region {
+    size_t bytes;
+    uintptr_t device;
+  };
+  mutable std::mutex mu_;
+  std::map<uintptr_t, Region> regions_;  // by host start
+};
+
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(const BackendConfig& config) : config_(config) {}
+  CudaBackend(const BackendConfig& config, const CudaBackendOptions& options)
+      : config_(config), options_(options) {}
   ~CudaBackend() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     cache_.reset();  // frees the pool through CudaPageMemory
@@ -145,17 +213,9 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   PagedKvCache& cache() override { return *cache_; }
 
-  void* AllocateStaging(size_t bytes) override {
-    void* ptr = nullptr;
-    if (cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocDefault) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return ptr;
-  }
-  void FreeStaging(void* ptr) override {
-    if (ptr != nullptr) cudaFreeHost(ptr);
-  }
+  void* AllocateStaging(size_t bytes) override { return staging_.Allocate(bytes); }
+  void FreeStaging(void* ptr) override { staging_.Free(ptr); }
+  const CudaBatchPath& last_path() const { return path_; }
 
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
     absl::Status status = Enqueue(work);
@@ -187,7 +247,8 @@ class CudaBackend : public Backend {
     return view;
   }
 
-  // Input copies, kernels and output copies of one batch, bracketed by the events.
+  // Input copies, kernels and output copies of one batch (none for a small batch's
+  // outputs in mapped staging), bracketed by the events.
   absl::Status Enqueue(const BatchWork& work) {
     const CacheView view = DeviceView();
     const CacheGeometry& geo = view.geo;
@@ -207,6 +268,7 @@ class CudaBackend : public Backend {
     if (d.num_requests > 0) {
       if (absl::Status s = AddDecodeInputs(geo, d, &inputs, &max_topk); !s.ok()) return s;
     }
+    path_ = CudaBatchPath{};
     std::vector<void*> dev;
     if (absl::Status s = upload_.Stage(inputs, &dev); !s.ok()) return s;
     if (absl::Status s = CudaCall(cudaEventRecord(start_, stream_), "event record"); !s.ok())
@@ -275,9 +337,11 @@ class CudaBackend : public Backend {
   }
 
   // Launches the decode on the uploaded inputs (dev: the nine device addresses in
-  // AddDecodeInputs' order) and copies the outputs back. after_append: the append kernel
-  // was the last work enqueued, so the decode may overlap it (programmatic dependent
-  // launch: its prologue runs during the append, its cache reads wait for it).
+  // AddDecodeInputs' order) and copies the outputs back, or, for a batch of at most
+  // direct_out_max_requests requests, has the decode write them into the mapped staging
+  // (cuda_backend.h). after_append: the append kernel was the last work enqueued, so the
+  // decode may overlap it (programmatic dependent launch: its prologue runs during the
+  // append, its cache reads wait for it).
   absl::Status EnqueueDecode(const CacheView& view, const DecodeBatch& d, int32_t max_topk,
                              void* const* dev, bool after_append) {
     const int32_t b = d.num_requests;
@@ -293,28 +357,42 @@ class CudaBackend : public Backend {
     batch.indices_per_kv_head = static_cast<const uint8_t*>(dev[6]);
     batch.indices = static_cast<const int32_t*>(dev[7]);
     batch.page_table = static_cast<const int32_t*>(dev[8]);
-    batch.out = out_.as<uint16_t>();
-    batch.lse = d.lse != nullptr ? lse_.as<float>() : nullptr;
+    const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * view.geo.head_dim;
+    const int64_t rows = static_cast<int64_t>(b) * d.num_q_heads;
+    // out: [B, Hq, D] bf16, lse: [B, Hq] float, each in staging (direct) or device memory.
+    const bool small = b <= options_.direct_out_max_requests;
+    void* direct_out = small ? staging_.DeviceAddress(d.out, elems * 2) : nullptr;
+    void* direct_lse = small ? staging_.DeviceAddress(d.lse, sizeof(float) * rows) : nullptr;
+    path_.direct_out = direct_out != nullptr;
+    path_.direct_lse = direct_lse != nullptr;
+    batch.out = direct_out != nullptr ? static_cast<uint16_t*>(direct_out) : out_.as<uint16_t>();
+    batch.lse = d.lse == nullptr        ? nullptr
+                : direct_lse != nullptr ? static_cast<float*>(direct_lse)
+                                        : lse_.as<float>();
     // d's [B] arrays are the host copies of what was uploaded: small batches carry them in
     // the kernel's parameters.
     if (absl::Status s = cuda::LaunchDecode(view, batch, max_topk, workspace_, stream_,
                                             cuda::DecodeKernel::kDefault, &d, after_append);
         !s.ok())
       return s;
-    const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * view.geo.head_dim;
-    if (absl::Status s =
-            CudaCall(cudaMemcpyAsync(d.out, out_.get(), elems * 2, cudaMemcpyDeviceToHost, stream_),
-                     "copy of the outputs to the host");
-        !s.ok())
-      return s;
-    if (d.lse != nullptr)
-      return CudaCall(cudaMemcpyAsync(d.lse, lse_.get(), sizeof(float) * b * d.num_q_heads,
-                                      cudaMemcpyDeviceToHost, stream_),
-                      "copy of lse to the host");
+    if (direct_out == nullptr) {
+      if (absl::Status s = CudaCall(
+              cudaMemcpyAsync(d.out, out_.get(), elems * 2, cudaMemcpyDeviceToHost, stream_),
+              "copy of the outputs to the host");
+          !s.ok())
+        return s;
+    }
+    if (d.lse != nullptr && direct_lse == nullptr)
+      return CudaCall(
+          cudaMemcpyAsync(d.lse, lse_.get(), sizeof(float) * rows, cudaMemcpyDeviceToHost, stream_),
+          "copy of lse to the host");
     return absl::OkStatus();
   }
 
   BackendConfig config_;
+  CudaBackendOptions options_;
+  MappedStaging staging_;
+  CudaBatchPath path_;  // of the last Enqueue
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   std::unique_ptr<PagedKvCache> cache_;
@@ -347,7 +425,24 @@ bool CudaDeviceAvailable() {
   return prop.major == 9 && prop.minor == 0;  // the kernels are built for sm_90a only
 }
 
+CudaBackendOptions CudaBackendOptionsFromEnv() {
+  CudaBackendOptions options;
+  if (const char* v = std::getenv("SDS_CUDA_DIRECT_OUT_MAX_REQUESTS"); v != nullptr && *v != 0)
+    options.direct_out_max_requests = std::atoi(v);
+  return options;
+}
+
+CudaBatchPath LastCudaBatchPath(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda != nullptr ? cuda->last_path() : CudaBatchPath{};
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& config) {
+  return CreateCudaBackend(config, CudaBackendOptionsFromEnv());
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& config,
+                                                           const CudaBackendOptions& options) {
   if (!CudaDeviceAvailable())
     return absl::UnavailableError(
         "no usable CUDA device: the CUDA backend needs a compute capability 9.0 GPU (H100/H200)");
@@ -362,7 +457,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& 
     return absl::InvalidArgumentError(absl::StrCat("max_batch_size (", config.max_batch_size,
                                                    ") and max_topk (", config.max_topk,
                                                    ") must be positive"));
-  auto backend = std::make_unique<CudaBackend>(config);
+  auto backend = std::make_unique<CudaBackend>(config, options);
   if (absl::Status s = backend->Init(); !s.ok()) return s;
   return std::unique_ptr<Backend>(std::move(backend));
 }

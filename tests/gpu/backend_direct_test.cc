@@ -1,0 +1,316 @@
+// The CUDA backend's direct outputs (cuda_backend.h): a small batch's decode writes out
+// and lse straight into the mapped staging memory, with no copy back. Two backends, one
+// copying every batch's outputs back and one writing them directly up to 16 requests,
+// get the same Runs (prefill, then decode batches of 1, 3, 15, 16, 17 and 24 requests,
+// each with the append of its requests' new tokens, around the threshold, with and
+// without lse) and must give bit-identical out and lse, outputs poisoned before every
+// Run. Each batch mixes shared and per-KV-head index lists, -1 entries and top-K
+// 1..1000, and reads the token its append just wrote; its arrays are carved out of one
+// staging block like the server's. LastCudaBatchPath proves which path each Run took, so
+// a direct path that silently fell back to the copy would fail here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "server/backend.h"
+#include "server/cuda/cuda_backend.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace sds::gputest {
+namespace {
+
+constexpr int kLayers = 2, kHkv = 8, kD = 128, kHq = 32, kPage = 16;
+constexpr int kMaxBatch = 24, kMaxTopK = 1024, kThreshold = 16;
+
+BackendConfig Config(ScaleMode mode) {
+  BackendConfig config;
+  config.cache.num_layers = kLayers;
+  config.cache.num_kv_heads = kHkv;
+  config.cache.head_dim = kD;
+  config.cache.page_size = kPage;
+  config.cache.num_pages = 1024;
+  config.cache.scale_mode = mode;
+  if (mode == ScaleMode::kPerTensor) {
+    config.cache.layer_k_scales = {0.02f, 0.03f};
+    config.cache.layer_v_scales = {0.025f, 0.015f};
+  }
+  config.num_q_heads = kHq;
+  config.max_batch_size = kMaxBatch;
+  config.max_topk = kMaxTopK;
+  return config;
+}
+
+// Host data of one Run, staged into each backend's own staging memory.
+struct HostWork {
+  std::vector<uint16_t> k_new, v_new;  // [N, Hkv, D]
+  std::vector<int32_t> a_layer;        // [N]
+  std::vector<int64_t> slot;           // [N]
+  // Decode (num_requests 0: append only).
+  int32_t num_requests = 0;
+  bool with_lse = false;
+  std::vector<uint16_t> q, gate;  // [B, Hq, D]
+  std::vector<int32_t> layer, topk, indices, page_table;
+  std::vector<int64_t> index_offset, page_table_offset;
+  std::vector<uint8_t> per_kv_head;
+};
+
+struct Outputs {
+  std::vector<uint16_t> out;  // [B, Hq, D]
+  std::vector<float> lse;     // [B, Hq]
+  CudaBatchPath path;
+};
+
+// Arrays carved one after another (256-byte aligned) out of one staging block, as the
+// server's StagingBuffer does, so that the backend must find interior pointers.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* Take(const std::vector<T>& v) {
+    T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    if (p != nullptr && !v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));
+    used_ += (v.size() * sizeof(T) + 255) / 256 * 256;
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+// Stages `w` into `backend`'s staging, poisons out / lse, runs it, returns the outputs.
+Outputs RunOn(Backend& backend, const HostWork& w) {
+  const int b = w.num_requests;
+  const size_t out_elems = static_cast<size_t>(b) * kHq * kD;
+  // Poisoned: 0xFFFF is a bf16 NaN, which no finite input can produce.
+  const std::vector<uint16_t> out_poison(out_elems, 0xFFFF);
+  const std::vector<float> lse_poison(w.with_lse ? static_cast<size_t>(b) * kHq : 0, NAN);
+  BatchWork work;
+  uint16_t* out = nullptr;
+  float* lse = nullptr;
+  auto carve = [&](Carver& c) {
+    work.append.num_tokens = static_cast<int32_t>(w.a_layer.size());
+    work.append.k_new = c.Take(w.k_new);
+    work.append.v_new = c.Take(w.v_new);
+    work.append.layer = c.Take(w.a_layer);
+    work.append.slot = c.Take(w.slot);
+    if (b == 0) return;
+    DecodeBatch& d = work.decode;
+    d.num_requests = b;
+    d.num_q_heads = kHq;
+    d.q = c.Take(w.q);
+    d.gate = c.Take(w.gate);
+    d.layer = c.Take(w.layer);
+    d.page_table = c.Take(w.page_table);
+    d.page_table_offset = c.Take(w.page_table_offset);
+    d.indices = c.Take(w.indices);
+    d.index_offset = c.Take(w.index_offset);
+    d.topk = c.Take(w.topk);
+    d.indices_per_kv_head = c.Take(w.per_kv_head);
+    d.out = out = c.Take(out_poison);
+    d.lse = lse = w.with_lse ? c.Take(lse_poison) : nullptr;
+  };
+  Carver sizing(nullptr);
+  carve(sizing);
+  void* block = backend.AllocateStaging(sizing.used());
+  EXPECT_NE(block, nullptr);
+  if (block == nullptr) return {};
+  Carver real(static_cast<char*>(block));
+  carve(real);
+  BatchTiming timing;
+  const absl::Status st = backend.Run(work, &timing);
+  EXPECT_TRUE(st.ok()) << st;
+  Outputs o;
+  o.path = LastCudaBatchPath(backend);
+  if (out != nullptr) o.out.assign(out, out + out_elems);
+  if (lse != nullptr) o.lse.assign(lse, lse + static_cast<size_t>(b) * kHq);
+  backend.FreeStaging(block);
+  return o;
+}
+
+class CudaBackendDirect : public ::testing::TestWithParam<ScaleMode> {};
+
+TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  std::vector<std::unique_ptr<Backend>> backends;  // [0] copies back, [1] direct
+  for (int32_t max_requests : {0, kThreshold}) {
+    CudaBackendOptions options;
+    options.direct_out_max_requests = max_requests;
+    auto created = CreateCudaBackend(Config(GetParam()), options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    backends.push_back(*std::move(created));
+  }
+  // Each backend's cache gets the same sequences (the same page ids: same calls in the
+  // same order), so one set of slots and page tables serves all of them.
+  std::vector<int64_t> length(kMaxBatch);
+  std::vector<std::vector<int64_t>> slots(kMaxBatch);
+  std::vector<std::vector<int32_t>> pages(kMaxBatch);
+  for (int s = 0; s < kMaxBatch; ++s) {
+    length[s] = 64 + 37 * s;
+    const std::string id = "seq" + std::to_string(s);
+    for (size_t i = 0; i < backends.size(); ++i) {
+      PagedKvCache& cache = backends[i]->cache();
+      ASSERT_TRUE(cache.CreateSequence(id, 0).ok());
+      std::vector<int64_t> got;
+      for (int layer = 0; layer < kLayers; ++layer) {
+        ASSERT_TRUE(cache.PrepareWrite(id, layer, 0, length[s], &got).ok());
+        ASSERT_TRUE(cache.CommitWrite(id, layer, 0, length[s]).ok());
+      }
+      std::vector<int32_t> table;
+      ASSERT_TRUE(cache.AppendPageTable(id, &table).ok());
+      if (i == 0) slots[s] = got, pages[s] = table;
+      ASSERT_EQ(got, slots[s]);
+      ASSERT_EQ(table, pages[s]);
+    }
+  }
+  std::mt19937 rng(11);
+  // Prefill through Run (append only).
+  for (int s = 0; s < kMaxBatch; ++s) {
+    for (int layer = 0; layer < kLayers; ++layer) {
+      HostWork w;
+      const size_t elems = static_cast<size_t>(length[s]) * kHkv * kD;
+      w.k_new.resize(elems);
+      w.v_new.resize(elems);
+      for (size_t e = 0; e < elems; ++e)
+        w.k_new[e] = RandomBf16(rng, 1.0f), w.v_new[e] = RandomBf16(rng, 1.0f);
+      w.a_layer.assign(length[s], layer);
+      w.slot = slots[s];
+      for (auto& backend : backends) RunOn(*backend, w);
+    }
+  }
+  const int topks[] = {1, 100, 512, 513, 1000};
+  int runs = 0;
+  for (int b : {1, 3, 15, 16, 17, 24}) {
+    for (bool with_lse : {false, true}) {
+      SCOPED_TRACE(testing::Message() << b << " requests, lse " << with_lse);
+      // Each request rewrites its sequence's last token (new data) and attends to it.
+      HostWork w;
+      w.num_requests = b;
+      w.with_lse = with_lse;
+      const size_t kv = static_cast<size_t>(b) * kHkv * kD, qe = static_cast<size_t>(b) * kHq * kD;
+      w.k_new.resize(kv);
+      w.v_new.resize(kv);
+      for (size_t e = 0; e < kv; ++e)
+        w.k_new[e] = RandomBf16(rng, 1.0f), w.v_new[e] = RandomBf16(rng, 1.0f);
+      w.q.resize(qe);
+      w.gate.resize(qe);
+      for (size_t e = 0; e < qe; ++e)
+        w.q[e] = RandomBf16(rng, 1.0f), w.gate[e] = RandomBf16(rng, 2.0f);
+      for (int r = 0; r < b; ++r) {
+        const int layer = (r + b) % kLayers;
+        const int64_t last = length[r] - 1;
+        w.a_layer.push_back(layer);
+        w.slot.push_back(slots[r][last]);
+        w.layer.push_back(layer);
+        w.page_table_offset.push_back(static_cast<int64_t>(w.page_table.size()));
+        w.page_table.insert(w.page_table.end(), pages[r].begin(), pages[r].end());
+        w.index_offset.push_back(static_cast<int64_t>(w.indices.size()));
+        const int k = topks[(r + b) % 5];
+        const bool per_head = r % 3 == 1;
+        w.topk.push_back(k);
+        w.per_kv_head.push_back(per_head ? 1 : 0);
+        std::uniform_int_distribution<int64_t> pos(0, last);
+        for (int i = 0; i < k * (per_head ? kHkv : 1); ++i)
+          w.indices.push_back(i % k == 0    ? static_cast<int32_t>(last)
+                              : i % 10 == 3 ? -1
+                                            : static_cast<int32_t>(pos(rng)));
+      }
+      std::vector<Outputs> got;
+      for (auto& backend : backends) got.push_back(RunOn(*backend, w));
+      ++runs;
+      const bool small = b <= kThreshold;
+      EXPECT_FALSE(got[0].path.direct_out);
+      EXPECT_FALSE(got[0].path.direct_lse);
+      EXPECT_EQ(got[1].path.direct_out, small);
+      EXPECT_EQ(got[1].path.direct_lse, small && with_lse);
+      // Bitwise: out of every request and head, lse as float bits.
+      ASSERT_EQ(got[1].out.size(), got[0].out.size());
+      for (size_t e = 0; e < got[0].out.size(); ++e)
+        ASSERT_EQ(got[1].out[e], got[0].out[e]) << "out element " << e;
+      ASSERT_EQ(got[1].lse.size(), got[0].lse.size());
+      for (size_t e = 0; e < got[0].lse.size(); ++e) {
+        uint32_t x, y;
+        std::memcpy(&x, &got[1].lse[e], 4);
+        std::memcpy(&y, &got[0].lse[e], 4);
+        ASSERT_EQ(x, y) << "lse element " << e;
+      }
+      // The reference run itself wrote every output (the poison is gone).
+      for (uint16_t x : got[0].out) ASSERT_NE(x & 0x7F80, 0x7F80) << "non-finite output";
+      for (float x : got[0].lse) ASSERT_FALSE(std::isnan(x));
+    }
+  }
+  EXPECT_EQ(runs, 12);
+}
+
+// Outputs outside AllocateStaging memory (here: a std::vector) are copied back even in
+// a small batch; out in staging and lse outside it each take their own path.
+TEST(CudaBackendDirectFallback, OutputsNotInStagingAreCopiedBack) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  CudaBackendOptions options;
+  options.direct_out_max_requests = kThreshold;
+  auto created = CreateCudaBackend(Config(ScaleMode::kPerTensor), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Backend& backend = **created;
+  ASSERT_TRUE(backend.cache().CreateSequence("s", 0).ok());
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(backend.cache().PrepareWrite("s", 0, 0, 40, &slots).ok());
+  ASSERT_TRUE(backend.cache().CommitWrite("s", 0, 0, 40).ok());
+  std::vector<int32_t> table;
+  ASSERT_TRUE(backend.cache().AppendPageTable("s", &table).ok());
+  std::mt19937 rng(5);
+  std::vector<uint16_t> q(kHq * kD), gate(kHq * kD), out(kHq * kD, 0xFFFF);
+  for (size_t e = 0; e < q.size(); ++e)
+    q[e] = RandomBf16(rng, 1.0f), gate[e] = RandomBf16(rng, 1.0f);
+  std::vector<int32_t> layer = {0}, topk = {3}, indices = {0, 39, -1};
+  std::vector<int64_t> io = {0}, pto = {0};
+  std::vector<uint8_t> perkv = {0};
+  std::vector<float> lse(kHq, NAN);
+  auto* staged_out = static_cast<uint16_t*>(backend.AllocateStaging(out.size() * 2));
+  ASSERT_NE(staged_out, nullptr);
+  BatchWork work;
+  DecodeBatch& d = work.decode;
+  d.num_requests = 1;
+  d.num_q_heads = kHq;
+  d.q = q.data();
+  d.gate = gate.data();
+  d.layer = layer.data();
+  d.page_table = table.data();
+  d.page_table_offset = pto.data();
+  d.indices = indices.data();
+  d.index_offset = io.data();
+  d.topk = topk.data();
+  d.indices_per_kv_head = perkv.data();
+  d.lse = lse.data();
+  // Run 0: out in a std::vector (copied back); run 1: out in staging (direct).
+  std::vector<uint16_t> results[2];
+  for (int run = 0; run < 2; ++run) {
+    std::fill(out.begin(), out.end(), 0xFFFF);
+    std::fill(staged_out, staged_out + out.size(), 0xFFFF);
+    std::fill(lse.begin(), lse.end(), NAN);
+    d.out = run == 0 ? out.data() : staged_out;
+    BatchTiming timing;
+    const absl::Status st = backend.Run(work, &timing);
+    ASSERT_TRUE(st.ok()) << st;
+    const CudaBatchPath p = LastCudaBatchPath(backend);
+    EXPECT_EQ(p.direct_out, run == 1);
+    EXPECT_FALSE(p.direct_lse);
+    results[run].assign(d.out, d.out + out.size());
+    for (uint16_t x : results[run]) ASSERT_NE(x & 0x7F80, 0x7F80);
+    for (float x : lse) ASSERT_TRUE(std::isfinite(x));
+  }
+  EXPECT_TRUE(results[0] == results[1]);
+  backend.FreeStaging(staged_out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CudaBackendDirect,
+                         ::testing::Values(ScaleMode::kPerTensor, ScaleMode::kPerTokenHead));
+
+}  // namespace
+}  // namespace sds::gputest
