@@ -48,10 +48,11 @@ ABSL_FLAG(int32_t, staging_threads, 1,
           "threads copying a batch's request tensors into staging (batches of 16 or more); "
           "1 = the batcher's thread alone (on the H200 host 4 measured within the run-to-run "
           "spread, bench/RESULTS.md)");
-ABSL_FLAG(int32_t, answer_threads, 4,
+ABSL_FLAG(int32_t, answer_threads, 0,
           "threads writing DecodeStream answers of batches of two or more requests, so that "
           "the batch's thread goes on (gRPC writes inline on the calling thread); 0 = the "
-          "batch's thread writes them; a batch of one is always answered by its thread");
+          "batch's thread writes them (4 measured within the run-to-run spread on the H200 "
+          "host, bench/RESULTS.md); a batch of one is always answered by its thread");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");

@@ -18,12 +18,14 @@ namespace {
 // Scale mode, and whether the server batches eagerly (--eager_batching) and runs a
 // batch on the submitting RPC thread when the batcher is idle (--inline_idle_batches);
 // staging_threads > 1: batches of 16 requests or more are copied into staging by that
-// many threads (--staging_threads).
+// many threads (--staging_threads); answer_threads > 0: stream answers of batches of two
+// or more are written by that many threads (--answer_threads).
 struct DecodeTestParam {
   ScaleMode scale_mode;
   bool eager;
   bool inline_batches = false;
   int staging_threads = 1;
+  int answer_threads = 0;
 };
 
 class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
@@ -35,6 +37,7 @@ class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
     if (GetParam().eager) flags.push_back("--eager_batching");
     if (GetParam().inline_batches) flags.push_back("--inline_idle_batches");
     flags.push_back("--staging_threads=" + std::to_string(GetParam().staging_threads));
+    flags.push_back("--answer_threads=" + std::to_string(GetParam().answer_threads));
     harness_ = std::make_unique<Harness>(model, flags);
     ASSERT_TRUE(harness_->ok()) << harness_->error();
   }
@@ -331,12 +334,15 @@ INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
                                            DecodeTestParam{ScaleMode::kPerTokenHead, false},
                                            DecodeTestParam{ScaleMode::kPerTensor, true},
                                            DecodeTestParam{ScaleMode::kPerTokenHead, true, true},
-                                           DecodeTestParam{ScaleMode::kPerTensor, true, false, 3}),
+                                           DecodeTestParam{ScaleMode::kPerTensor, true, false, 3},
+                                           DecodeTestParam{ScaleMode::kPerTokenHead, false, false,
+                                                           1, 4}),
                          [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
                            std::string name = info.param.scale_mode == ScaleMode::kPerTensor
                                                   ? "PerTensor"
                                                   : "PerTokenHead";
                            if (info.param.staging_threads > 1) name += "StagingPool";
+                           if (info.param.answer_threads > 0) name += "AnswerPool";
                            if (info.param.inline_batches) return name + "EagerInline";
                            return info.param.eager ? name + "Eager" : name;
                          });
