@@ -3,7 +3,6 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
-
 #include "server/raw_call.h"
 #include "server/rpc_util.h"
 #include "spdlog/spdlog.h"

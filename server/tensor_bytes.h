@@ -1,9 +1,9 @@
-// Where a request's tensor bytes are, without owning them. A Decode or DecodeBatch call
-// keeps its tensors in the received gRPC slices (wire_decode.h): one tensor may be split
-// over several slices, at any byte (an element can straddle two of them). DecodeStream
-// and the tests keep them in protobuf strings: one piece. Validation reads the pieces in
-// place and the staging copy is the one copy of each byte between the wire and the
-// backend.
+// Where a request's tensor bytes are, without owning them. Decode, DecodeBatch and
+// DecodeStream keep their tensors in the received gRPC slices (wire_decode.h): one
+// tensor may be split over several slices, at any byte (an element can straddle two of
+// them). The start-up self-test and the unit tests keep them in protobuf strings: one
+// piece. Validation reads the pieces in place and the staging copy is the one copy of
+// each byte between the wire and the backend.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 #include "server/wire_decode.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -70,6 +71,8 @@ class SliceInputStream final : public google::protobuf::io::ZeroCopyInputStream 
 };
 
 constexpr uint32_t Tag(int field, WFL::WireType type) { return WFL::MakeTag(field, type); }
+constexpr WFL::WireType kVarint = WFL::WIRETYPE_VARINT;
+constexpr WFL::WireType kLen = WFL::WIRETYPE_LENGTH_DELIMITED;
 
 // The next tag, or 0 at the end of the message body (the enclosing limit). Sets
 // *malformed where protobuf's generated parser rejects the message: a 0 tag, a tag
@@ -88,8 +91,6 @@ uint32_t NextTag(CodedInputStream* in, bool* malformed) {
   }
   return tag;
 }
-constexpr WFL::WireType kVarint = WFL::WIRETYPE_VARINT;
-constexpr WFL::WireType kLen = WFL::WIRETYPE_LENGTH_DELIMITED;
 
 // Reads a length prefix and runs `body` inside that limit; true when `body` succeeded
 // and ended exactly at the limit (a tag of 0 or a short message fails). Every call is
