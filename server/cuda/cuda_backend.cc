@@ -104,7 +104,7 @@ class MappedStaging {
       return nullptr;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    regions_[reinterpret_cast<uintptr_t>(host)] = {bytes, reinterpret_cast<uintptr_t>(device)};
+    regions_[reinterpret_cast<uintptr_t>(host)] = {bytes, static_cast<char*>(device)};
     return host;
   }
   void Free(void* host) {
@@ -127,14 +127,14 @@ class MappedStaging {
     --it;
     const uintptr_t offset = h - it->first;
     if (offset > it->second.bytes || bytes > it->second.bytes - offset) return nullptr;
-    const uintptr_t device = it->second.device + offset;
-    return device % 16 == 0 ? reinterpret_cast<void*>(device) : nullptr;
+    char* device = it->second.device + offset;
+    return reinterpret_cast<uintptr_t>(device) % 16 == 0 ? device : nullptr;
   }
 
  private:
   struct Region {
     size_t bytes;
-    uintptr_t device;
+    char* device;  // the allocation's device address
   };
   mutable std::mutex mu_;
   std::map<uintptr_t, Region> regions_;  // by host start
