@@ -1,5 +1,9 @@
 #include "server/validate.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -119,17 +123,31 @@ absl::Status CheckIndices(const v1::Tensor& t, const TensorBytes& data, int64_t 
 }  // namespace
 
 bool AllFiniteBf16(const char* bytes, int64_t n) {
-  // Four values per 64-bit word (SWAR): a value is NaN or Inf when its exponent bits
-  // 0x7F80 are all set, i.e. when d = (x & 0x7F80) ^ 0x7F80 is zero. A lane's d is 0 or
-  // at least 0x0080 and at most 0x7F80, so d + 0x7FFF carries into the lane's bit 15
-  // exactly when d != 0 and never out of the lane. The per-value loop this replaces
-  // stayed scalar at -O2: 5.6 us per seed-shape request (10240 values) on the 2-core VM,
-  // 1.4 us now.
+  int64_t i = 0;
+#if defined(__SSE2__)
+  // Eight values per 128-bit word (SSE2 is part of x86-64): a value's exponent bits
+  // e = x & 0x7F80 are all set exactly when e + 0x0080 reaches 0x8000 (bit 15); e is at
+  // most 0x7F80, so the sum never leaves its 16-bit lane. Branch-free over the tensor:
+  // 1.6 -> ~0.5 us per seed-shape request (bench/server, 2-core VM).
+  const __m128i exponent = _mm_set1_epi16(0x7F80);
+  const __m128i carry = _mm_set1_epi16(0x0080);
+  __m128i bad_lanes = _mm_setzero_si128();
+  for (; i + 8 <= n; i += 8) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 2 * i));
+    bad_lanes = _mm_or_si128(bad_lanes, _mm_add_epi16(_mm_and_si128(x, exponent), carry));
+  }
+  // Bit 15 of a lane is the top bit of its odd byte.
+  if ((_mm_movemask_epi8(bad_lanes) & 0xAAAA) != 0) return false;
+#endif
+  // The rest (or everything without SSE2), four values per 64-bit word (SWAR): a value
+  // is NaN or Inf when d = (x & 0x7F80) ^ 0x7F80 is zero. A lane's d is 0 or at least
+  // 0x0080 and at most 0x7F80, so d + 0x7FFF carries into the lane's bit 15 exactly when
+  // d != 0 and never out of the lane. (The per-value loop stayed scalar at -O2: 5.6 us
+  // per seed-shape request on the 2-core VM, 1.4 us with this alone.)
   constexpr uint64_t kExponent = 0x7F807F807F807F80ull;
   constexpr uint64_t kAdd = 0x7FFF7FFF7FFF7FFFull;
   constexpr uint64_t kTop = 0x8000800080008000ull;
   uint64_t bad = 0;
-  int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
     uint64_t w;
     std::memcpy(&w, bytes + 2 * i, 8);

@@ -54,7 +54,9 @@ TEST(AllFiniteBf16, FindsEveryNanAndInfAtEveryPosition) {
 // Every one of the 65536 bit patterns in every lane of the 4-value word and in the
 // scalar tail: flagged exactly when its exponent bits are all set.
 TEST(AllFiniteBf16, EveryBitPatternInEveryLane) {
-  for (int64_t n : {4, 5}) {  // lanes 0..3 of one word; n = 5 adds a tail value
+  // n = 4: the lanes of one 64-bit word; 5 adds a tail value; 8, 9, 16 and 19: the lanes
+  // of the 128-bit words, with SWAR words and tails behind them.
+  for (int64_t n : {4, 5, 8, 9, 16, 19}) {
     for (int64_t lane = 0; lane < n; ++lane) {
       std::vector<uint16_t> v(n, 0x3F80);  // 1.0
       int wrong = 0;
