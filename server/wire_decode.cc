@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -167,11 +168,25 @@ bool ReadTensorBody(CodedInputStream* in, v1::Tensor* meta, TensorBytes* bytes) 
   return !malformed;
 }
 
+// The message field and the data view of DecodeRequest's tensor field `field`.
+std::pair<v1::Tensor*, TensorBytes*> TensorField(int field, v1::DecodeRequest* request,
+                                                 DecodeTensorBytes* bytes) {
+  switch (field) {
+    case v1::DecodeRequest::kQFieldNumber:
+      return {request->mutable_q(), &bytes->q};
+    case v1::DecodeRequest::kKFieldNumber:
+      return {request->mutable_k(), &bytes->k};
+    case v1::DecodeRequest::kVFieldNumber:
+      return {request->mutable_v(), &bytes->v};
+    case v1::DecodeRequest::kGateFieldNumber:
+      return {request->mutable_gate(), &bytes->gate};
+    default:
+      return {request->mutable_indices(), &bytes->indices};
+  }
+}
+
 bool ReadDecodeRequestBody(CodedInputStream* in, v1::DecodeRequest* request,
                            DecodeTensorBytes* bytes) {
-  auto tensor = [&](v1::Tensor* meta, TensorBytes* data) {
-    return ReadDelimited(in, [&] { return ReadTensorBody(in, meta, data); });
-  };
   bool malformed = false;
   while (const uint32_t tag = NextTag(in, &malformed)) {
     uint64_t value = 0;
@@ -195,20 +210,14 @@ bool ReadDecodeRequestBody(CodedInputStream* in, v1::DecodeRequest* request,
         request->set_position(static_cast<int64_t>(value));
         break;
       case Tag(v1::DecodeRequest::kQFieldNumber, kLen):
-        if (!tensor(request->mutable_q(), &bytes->q)) return false;
-        break;
       case Tag(v1::DecodeRequest::kKFieldNumber, kLen):
-        if (!tensor(request->mutable_k(), &bytes->k)) return false;
-        break;
       case Tag(v1::DecodeRequest::kVFieldNumber, kLen):
-        if (!tensor(request->mutable_v(), &bytes->v)) return false;
-        break;
       case Tag(v1::DecodeRequest::kGateFieldNumber, kLen):
-        if (!tensor(request->mutable_gate(), &bytes->gate)) return false;
+      case Tag(v1::DecodeRequest::kIndicesFieldNumber, kLen): {
+        auto [meta, data] = TensorField(WFL::GetTagFieldNumber(tag), request, bytes);
+        if (!ReadDelimited(in, [&] { return ReadTensorBody(in, meta, data); })) return false;
         break;
-      case Tag(v1::DecodeRequest::kIndicesFieldNumber, kLen):
-        if (!tensor(request->mutable_indices(), &bytes->indices)) return false;
-        break;
+      }
       case Tag(v1::DecodeRequest::kReturnLseFieldNumber, kVarint):
         if (!in->ReadVarint64(&value)) return false;
         request->set_return_lse(value != 0);
@@ -231,7 +240,6 @@ absl::Status ParseWhole(const std::vector<grpc::Slice>& slices, size_t size, con
   if (size > INT_MAX) return absl::InvalidArgumentError(absl::StrCat(what, " is over 2 GB"));
   SliceInputStream stream(slices);
   CodedInputStream in(&stream);
-  in.SetTotalBytesLimit(INT_MAX);
   const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(size));
   const bool ok = body(&in) && in.BytesUntilLimit() == 0;
   in.PopLimit(limit);
