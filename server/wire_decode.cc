@@ -214,7 +214,10 @@ bool ReadDecodeRequestBody(CodedInputStream* in, v1::DecodeRequest* request,
       case Tag(v1::DecodeRequest::kVFieldNumber, kLen):
       case Tag(v1::DecodeRequest::kGateFieldNumber, kLen):
       case Tag(v1::DecodeRequest::kIndicesFieldNumber, kLen): {
-        auto [meta, data] = TensorField(WFL::GetTagFieldNumber(tag), request, bytes);
+        // (Not a structured binding: clang cannot capture one in the lambda.)
+        const auto field = TensorField(WFL::GetTagFieldNumber(tag), request, bytes);
+        v1::Tensor* meta = field.first;
+        TensorBytes* data = field.second;
         if (!ReadDelimited(in, [&] { return ReadTensorBody(in, meta, data); })) return false;
         break;
       }
