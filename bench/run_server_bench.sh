@@ -6,4 +6,4 @@ set -euo pipefail
 BUILD=${1:-build}
 shift || true
 exec bash "$(dirname "$0")/run_gbench.sh" "$BUILD" bench_request_path bench/server \
-  "BM_CopyPass BM_TypedPath BM_RawPath" "$@"
+  "BM_CopyPass BM_TypedPath BM_RawPath BM_AnswerCopyPass BM_TypedAnswer BM_EncodedAnswer" "$@"

@@ -6,13 +6,11 @@
 
 namespace sds::server {
 
-absl::Status DecodeAdmission::Prepare(const std::string& tenant,
-                                      const sparse_decode::v1::DecodeRequest* request,
-                                      const DecodeTensorBytes& bytes,
-                                      sparse_decode::v1::DecodeResponse* response,
-                                      Clock::time_point deadline, std::function<bool()> cancelled,
-                                      std::function<void(const absl::Status&)> done,
-                                      DecodeWork* work) const {
+absl::Status DecodeAdmission::Prepare(
+    const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
+    const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
+    EncodedResponse* encoded, Clock::time_point deadline, std::function<bool()> cancelled,
+    std::function<void(const absl::Status&)> done, DecodeWork* work) const {
   if (absl::Status s = ValidateDecode(*request, bytes, model_); !s.ok()) return s;
   std::string key = SequenceKey(tenant, request->sequence_id());
   const int32_t layer = request->layer();
@@ -28,6 +26,7 @@ absl::Status DecodeAdmission::Prepare(const std::string& tenant,
   work->request = request;
   work->bytes = bytes;
   work->response = response;
+  work->encoded = encoded;
   work->key = key;
   work->deadline = deadline;
   work->cancelled = std::move(cancelled);
@@ -38,16 +37,14 @@ absl::Status DecodeAdmission::Prepare(const std::string& tenant,
   return absl::OkStatus();
 }
 
-absl::Status DecodeAdmission::Submit(const std::string& tenant,
-                                     const sparse_decode::v1::DecodeRequest* request,
-                                     const DecodeTensorBytes& bytes,
-                                     sparse_decode::v1::DecodeResponse* response,
-                                     Clock::time_point deadline, std::function<bool()> cancelled,
-                                     std::function<void(const absl::Status&)> done,
-                                     Batcher::SubmitterRun* claim) const {
+absl::Status DecodeAdmission::Submit(
+    const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
+    const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
+    EncodedResponse* encoded, Clock::time_point deadline, std::function<bool()> cancelled,
+    std::function<void(const absl::Status&)> done, Batcher::SubmitterRun* claim) const {
   DecodeWork work;
-  if (absl::Status s = Prepare(tenant, request, bytes, response, deadline, std::move(cancelled),
-                               std::move(done), &work);
+  if (absl::Status s = Prepare(tenant, request, bytes, response, encoded, deadline,
+                               std::move(cancelled), std::move(done), &work);
       !s.ok()) {
     return s;
   }

@@ -23,12 +23,13 @@ class DecodeAdmission {
       : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
 
   // On error nothing was queued and `done` will not be called. `request`, the data
-  // that `bytes` views (tensor_bytes.h) and `response` must stay alive until `done`
-  // has run. `claim`: see
+  // that `bytes` views (tensor_bytes.h), `response` and `encoded` (optional: see
+  // DecodeWork::encoded) must stay alive until `done` has run. `claim`: see
   // Batcher::SubmitDecode.
   absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
                       const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-                      Clock::time_point deadline, std::function<bool()> cancelled,
+                      EncodedResponse* encoded, Clock::time_point deadline,
+                      std::function<bool()> cancelled,
                       std::function<void(const absl::Status&)> done,
                       Batcher::SubmitterRun* claim = nullptr) const;
 
@@ -36,7 +37,8 @@ class DecodeAdmission {
   // counted as pending); on error nothing changed and `done` will not be called.
   absl::Status Prepare(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
                        const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-                       Clock::time_point deadline, std::function<bool()> cancelled,
+                       EncodedResponse* encoded, Clock::time_point deadline,
+                       std::function<bool()> cancelled,
                        std::function<void(const absl::Status&)> done, DecodeWork* work) const;
   // Queues prepared items in one step (the last one closes the batch under eager
   // batching, so a DecodeBatch call's items stay together); an item the queue refuses

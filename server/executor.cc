@@ -30,7 +30,9 @@ Executor::Executor(Backend* backend, Metrics* metrics, const ModelShape& model)
     : backend_(backend),
       metrics_(metrics),
       model_(model),
-      page_size_(backend->cache().config().page_size) {}
+      page_size_(backend->cache().config().page_size),
+      out_shape_{model.num_q_heads, model.head_dim},
+      lse_shape_{model.num_q_heads} {}
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend* backend, Metrics* metrics,
                                                            const ModelShape& model) {
@@ -52,6 +54,32 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend* backend, Met
 
 Executor::~Executor() {
   if (append_block_) backend_->FreeStaging(append_block_);
+}
+
+void Executor::SetOutputs(const StagingBuffer& staging, int32_t row, bool with_lse,
+                          v1::DecodeResponse* response, EncodedResponse* encoded) const {
+  const size_t out_bytes = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
+  const size_t lse_bytes = static_cast<size_t>(model_.num_q_heads) * 4;
+  const char* out = reinterpret_cast<const char*>(staging.out_row(row));
+  const char* lse = reinterpret_cast<const char*>(staging.lse_row(row));
+  if (encoded != nullptr) {
+    const TensorView out_view{v1::BF16, out_shape_, absl::string_view(out, out_bytes)};
+    const TensorView lse_view{v1::FP32, lse_shape_, absl::string_view(lse, lse_bytes)};
+    EncodeDecodeResponse(*response, &out_view, with_lse ? &lse_view : nullptr, encoded);
+    return;
+  }
+  v1::Tensor* out_tensor = response->mutable_out();
+  out_tensor->set_dtype(v1::BF16);
+  out_tensor->clear_shape();
+  for (int64_t d : out_shape_) out_tensor->add_shape(d);
+  out_tensor->set_data(out, out_bytes);
+  if (with_lse) {
+    v1::Tensor* lse_tensor = response->mutable_lse();
+    lse_tensor->set_dtype(v1::FP32);
+    lse_tensor->clear_shape();
+    for (int64_t d : lse_shape_) lse_tensor->add_shape(d);
+    lse_tensor->set_data(lse, lse_bytes);
+  }
 }
 
 void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items) {
@@ -139,28 +167,14 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
         status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1);
       }
       if (status[i].ok()) {
-        const int32_t row = row_of[i];
         v1::DecodeResponse* resp = item.response;
         resp->set_request_id(req.request_id());
-        v1::Tensor* out = resp->mutable_out();
-        out->set_dtype(v1::BF16);
-        out->clear_shape();
-        out->add_shape(model_.num_q_heads);
-        out->add_shape(model_.head_dim);
-        out->set_data(staging.out_row(row),
-                      static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2);
-        if (req.return_lse()) {
-          v1::Tensor* lse = resp->mutable_lse();
-          lse->set_dtype(v1::FP32);
-          lse->clear_shape();
-          lse->add_shape(model_.num_q_heads);
-          lse->set_data(staging.lse_row(row), static_cast<size_t>(model_.num_q_heads) * 4);
-        }
         v1::BatchInfo* info = resp->mutable_batch();
         info->set_batch_id(batch_id);
         info->set_batch_size(rows);
         info->set_queue_us(Micros(start - item.enqueued));
         info->set_compute_us(timing.compute_us);
+        SetOutputs(staging, row_of[i], req.return_lse(), resp, item.encoded);
         oldest_wait = std::max(oldest_wait, start - item.enqueued);
       }
     }

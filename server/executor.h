@@ -6,6 +6,7 @@
 // backend, commits the writes and completes the responses.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -33,11 +34,18 @@ class Executor {
  private:
   Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
+  // Out [Hq, D] bf16 and lse [Hq] f32 (when asked) of staging row `row`: encoded with
+  // `response`'s other fields into `encoded` when the call takes its answer encoded,
+  // else set on `response`.
+  void SetOutputs(const StagingBuffer& staging, int32_t row, bool with_lse,
+                  sparse_decode::v1::DecodeResponse* response, EncodedResponse* encoded) const;
 
   Backend* backend_;
   Metrics* metrics_;
   ModelShape model_;
   int32_t page_size_;
+  std::array<int64_t, 2> out_shape_;  // [Hq, D]
+  std::array<int64_t, 1> lse_shape_;  // [Hq]
   uint64_t next_batch_id_ = 1;
   // Prefill staging: [kAppendChunk, Hkv, D] bf16 K and V, layer and slot per row.
   static constexpr int64_t kAppendChunk = 1024;

@@ -1,8 +1,9 @@
 // The state of one raw Decode or DecodeBatch call (the service takes both as gRPC
 // ByteBuffers): the received slices, the parsed request whose tensor data stays in
 // those slices (wire_decode.h), and the typed response, both messages on one arena whose
-// first block is sized for the model's tensors. Shared by the call's completions; freed
-// when the last one is gone.
+// first block is sized for the model's tensors, with the answers the executor encodes
+// straight from staging (response_wire.h). Shared by the call's completions; freed when
+// the last one is gone.
 #pragma once
 
 #include <grpcpp/impl/codegen/proto_utils.h>  // SerializationTraits of protobuf messages
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/arena.h"
+#include "server/response_wire.h"
 #include "server/tensor_bytes.h"
 #include "server/wire_decode.h"
 #include "sparse_decode/v1/decode.pb.h"
@@ -45,26 +47,42 @@ class RawCall {
   RawCall& operator=(const RawCall&) = delete;
 
   // Takes the received message's slices and parses it (a DecodeRequest into one
-  // DecodeTensorBytes, a DecodeBatchRequest into one per request). INVALID_ARGUMENT
-  // when it is not a valid encoding.
+  // DecodeTensorBytes, a DecodeBatchRequest into one per request), with one answer slot
+  // per request. INVALID_ARGUMENT when it is not a valid encoding.
   absl::Status Parse(const grpc::ByteBuffer& received) {
     if (absl::Status s = wire_.Take(received); !s.ok()) return s;
-    if constexpr (std::is_same_v<Request, sparse_decode::v1::DecodeBatchRequest>) {
-      return wire_.ParseDecodeBatch(request_, &bytes_);
+    if constexpr (kBatch) {
+      absl::Status s = wire_.ParseDecodeBatch(request_, &bytes_);
+      encoded_.resize(bytes_.size());
+      for (EncodedResponse& e : encoded_) e.batch_item = true;
+      return s;
     } else {
       bytes_.resize(1);
+      encoded_.resize(1);
       return wire_.ParseDecodeRequest(request_, &bytes_[0]);
     }
   }
 
-  // Serializes the response into `out`.
-  absl::Status Reply(grpc::ByteBuffer* out) const { return SerializeReply(*response_, out); }
+  // The reply: the encoded answers, else (an error answer, an empty batch) the typed
+  // response serialized.
+  absl::Status Reply(grpc::ByteBuffer* out) {
+    if constexpr (kBatch) {
+      *out = DecodeBatchReply(*response_, &encoded_);
+      return absl::OkStatus();
+    } else {
+      if (encoded_.empty() || encoded_[0].empty()) return SerializeReply(*response_, out);
+      *out = grpc::ByteBuffer(&encoded_[0].bytes, 1);
+      return absl::OkStatus();
+    }
+  }
 
   const Request* request() const { return request_; }
   Response* response() { return response_; }
   const DecodeTensorBytes& bytes(size_t i) const { return bytes_[i]; }
+  EncodedResponse* encoded(size_t i) { return &encoded_[i]; }
 
  private:
+  static constexpr bool kBatch = std::is_same_v<Request, sparse_decode::v1::DecodeBatchRequest>;
   static google::protobuf::ArenaOptions Options(size_t first_block) {
     google::protobuf::ArenaOptions options;
     options.start_block_size = first_block;
@@ -77,6 +95,7 @@ class RawCall {
   Response* response_;
   WireMessage wire_;
   std::vector<DecodeTensorBytes> bytes_;
+  std::vector<EncodedResponse> encoded_;  // one per request
 };
 
 }  // namespace sds::server

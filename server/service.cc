@@ -193,8 +193,8 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext*
         // (--inline_idle_batches): it runs when `run` does.
         Batcher::SubmitterRun run;
         absl::Status s = admission_.Submit(
-            tenant, call->request(), call->bytes(0), call->response(), DeadlineOf(*context),
-            [context] { return context->IsCancelled(); }, finish, &run);
+            tenant, call->request(), call->bytes(0), call->response(), call->encoded(0),
+            DeadlineOf(*context), [context] { return context->IsCancelled(); }, finish, &run);
         if (!s.ok()) return finish(s);
         // The request is queued and `finish` belongs to it now: an exception
         // reaching Serve would finish the call a second time.
@@ -248,7 +248,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
           };
           DecodeWork work;
           absl::Status s = admission_.Prepare(
-              tenant, item, call->bytes(i), slot, deadline,
+              tenant, item, call->bytes(i), slot, call->encoded(i), deadline,
               [context] { return context->IsCancelled(); }, done, &work);
           if (s.ok()) {
             works.push_back(std::move(work));

@@ -53,6 +53,7 @@ void DecodeStreamReactor::Call::Reset() {
   received.Clear();
   wire.Clear();
   bytes = {};
+  encoded = EncodedResponse{};
   reply.Clear();
   arena.Reset();  // frees any extra blocks, keeps the first
   CreateMessages();
@@ -178,8 +179,8 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
       status = absl::UnavailableError("server is draining");
     } else {
       status = env_.admission->Submit(
-          tenant_, call->request, call->bytes, call->response, DeadlineOf(*context_),
-          [this] { return context_->IsCancelled(); },
+          tenant_, call->request, call->bytes, call->response, &call->encoded,
+          DeadlineOf(*context_), [this] { return context_->IsCancelled(); },
           [this, call](const absl::Status& s) { Completed(call, s); }, run);
     }
   } catch (const std::exception& e) {
@@ -218,8 +219,14 @@ void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
   }
   env_.metrics->CountRequest(kRpc, status.code());
   env_.metrics->ObserveLatency(kRpc, SecondsSince(call->start));
-  // Serialized here, on the answering thread, as a typed StartWrite would at its call.
-  const absl::Status serialized = SerializeReply(*call->response, &call->reply);
+  // An answer the executor encoded from staging is sent as it is; an error answer is
+  // serialized here, on the answering thread, as a typed StartWrite would at its call.
+  absl::Status serialized;
+  if (status.ok() && !call->encoded.empty()) {
+    call->reply = grpc::ByteBuffer(&call->encoded.bytes, 1);
+  } else {
+    serialized = SerializeReply(*call->response, &call->reply);
+  }
   if (!serialized.ok()) spdlog::error("DecodeStream: {}", serialized.ToString());
 
   std::lock_guard<std::mutex> lock(mu_);

@@ -21,6 +21,7 @@
 #include "google/protobuf/arena.h"
 #include "server/decode_submit.h"
 #include "server/metrics.h"
+#include "server/response_wire.h"
 #include "server/task_pool.h"
 #include "server/tensor_bytes.h"
 #include "server/wire_decode.h"
@@ -70,7 +71,8 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     sparse_decode::v1::DecodeRequest* request = nullptr;  // on arena; tensor data in `bytes`
     DecodeTensorBytes bytes;
     sparse_decode::v1::DecodeResponse* response = nullptr;  // on arena
-    grpc::ByteBuffer reply;                                 // response, serialized for StartWrite
+    EncodedResponse encoded;  // the executor's answer (response_wire.h), when OK
+    grpc::ByteBuffer reply;   // the answer as StartWrite sends it
     Clock::time_point start;
 
    private:

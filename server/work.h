@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/response_wire.h"
 #include "server/tensor_bytes.h"
 #include "sparse_decode/v1/decode.pb.h"
 
@@ -27,8 +28,11 @@ struct DecodeWork {
   // The request's tensor data: its own fields, or the call's received slices (a raw
   // Decode or DecodeBatch call, whose message fields then hold no data).
   DecodeTensorBytes bytes;
-  // On OK the executor has set request_id, out, lse (when asked) and batch.
+  // On OK the executor has set request_id and batch, and out and lse (when asked) either
+  // here or, when `encoded` is set, only in the encoded answer (straight from staging:
+  // the raw calls send those bytes; response_wire.h).
   sparse_decode::v1::DecodeResponse* response = nullptr;
+  EncodedResponse* encoded = nullptr;
   std::string key;  // tenant-qualified sequence id (auth.h)
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point enqueued;       // set by the batcher

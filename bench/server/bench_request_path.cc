@@ -1,6 +1,6 @@
 // The server's host work for one DecodeBatch message, from the received gRPC slices to
-// filled staging rows, at the seed shape (32/8 heads, D 128, top-K 512, shared index
-// lists; 64 requests, 1.4 MB). Run through bench/run_server_bench.sh.
+// filled staging rows, and for its answer, at the seed shape (32/8 heads, D 128, top-K 512, shared
+// index lists; 64 requests, 1.4 MB). Run through bench/run_server_bench.sh.
 //
 // 1. BM_CopyPass (the ceiling, runs first): one memcpy of the message's bytes into a
 //    buffer of the same size: what moving the bytes once costs on this machine.
@@ -11,6 +11,16 @@
 // 3. BM_RawPath: what it does now (server/raw_call.h, wire_decode.h): the slices are
 //    parsed with the tensors' data left in place; validation and FillRow read the views.
 // Each prints us_per_batch and ratio_to_copy = its time / BM_CopyPass's time.
+//
+// The answer of the same call (64 responses: out [32, 128] bf16 and lse [32] f32 from
+// the staging rows, batch info), into the ByteBuffer gRPC sends:
+// 4. BM_AnswerCopyPass (its ceiling, runs before the answer cases): one memcpy of the
+//    answers' out and lse bytes.
+// 5. BM_TypedAnswer: what the server did: set_data into an arena DecodeBatchResponse,
+//    then protobuf serialization into slices (two copies of every byte).
+// 6. BM_EncodedAnswer: what it does now (response_wire.h): each response encoded
+//    straight from staging into its own slice, the reply those slices (one copy).
+// Their ratio_to_copy is to BM_AnswerCopyPass.
 #include <benchmark/benchmark.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
@@ -31,6 +41,7 @@
 #include "server/backend.h"
 #include "server/model_shape.h"
 #include "server/raw_call.h"
+#include "server/response_wire.h"
 #include "server/staging.h"
 #include "server/validate.h"
 #include "sparse_decode/v1/decode.pb.h"
@@ -46,7 +57,8 @@ constexpr int kHq = 32, kHkv = 8, kD = 128, kTopK = 512, kPosition = 600;
 // received message over as slices of about that size.
 constexpr size_t kSliceBytes = 16 << 10;
 
-double g_copy_seconds = 0;  // BM_CopyPass's time per message
+double g_copy_seconds = 0;         // BM_CopyPass's time per message
+double g_answer_copy_seconds = 0;  // BM_AnswerCopyPass's time per answer
 
 ModelShape Model() {
   ModelShape m;
@@ -221,9 +233,121 @@ void BM_RawPath(benchmark::State& state) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
+constexpr size_t kOutBytes = kHq * kD * 2, kLseBytes = kHq * 4;
+
+// Staging rows with outputs in them, as the backend leaves them.
+Staging StagingWithOutputs() {
+  Staging staging = Staging::Make();
+  std::mt19937 rng(7);
+  for (int r = 0; r < kRequests; ++r) {
+    auto* out = const_cast<uint16_t*>(staging.buffer->out_row(r));
+    auto* lse = const_cast<float*>(staging.buffer->lse_row(r));
+    for (size_t i = 0; i < kOutBytes / 2; ++i) out[i] = static_cast<uint16_t>(rng());
+    for (size_t i = 0; i < kLseBytes / 4; ++i) lse[i] = static_cast<float>(rng() % 1000) * 0.01f;
+  }
+  return staging;
+}
+
+void SetBatchInfo(int r, v1::DecodeResponse* resp) {
+  resp->set_request_id(static_cast<uint64_t>(r) + 1);
+  v1::BatchInfo* info = resp->mutable_batch();
+  info->set_batch_id(12345);
+  info->set_batch_size(kRequests);
+  info->set_queue_us(150);
+  info->set_compute_us(900);
+}
+
+void SetAnswerCounters(benchmark::State& state, double seconds) {
+  const double per_answer = seconds / static_cast<double>(state.iterations());
+  state.counters["us_per_batch"] = per_answer * 1e6;
+  state.counters["ratio_to_copy"] =
+      g_answer_copy_seconds > 0 ? per_answer / g_answer_copy_seconds : 0.0;
+  state.counters["MB"] = static_cast<double>(kRequests * (kOutBytes + kLseBytes)) / 1e6;
+}
+
+void BM_AnswerCopyPass(benchmark::State& state) {
+  Staging staging = StagingWithOutputs();
+  std::vector<char> dst(kRequests * (kOutBytes + kLseBytes));
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    char* p = dst.data();
+    for (int r = 0; r < kRequests; ++r) {
+      std::memcpy(p, staging.buffer->out_row(r), kOutBytes);
+      std::memcpy(p + kOutBytes, staging.buffer->lse_row(r), kLseBytes);
+      p += kOutBytes + kLseBytes;
+    }
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  g_answer_copy_seconds = seconds / static_cast<double>(state.iterations());
+  SetAnswerCounters(state, seconds);
+}
+
+void BM_TypedAnswer(benchmark::State& state) {
+  Staging staging = StagingWithOutputs();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    RawCall<v1::DecodeBatchRequest, v1::DecodeBatchResponse> call(64 << 10);
+    v1::DecodeBatchResponse* response = call.response();
+    for (int r = 0; r < kRequests; ++r) {
+      v1::DecodeResponse* resp = response->add_responses();
+      SetBatchInfo(r, resp);
+      v1::Tensor* out = resp->mutable_out();
+      out->set_dtype(v1::BF16);
+      out->add_shape(kHq);
+      out->add_shape(kD);
+      out->set_data(staging.buffer->out_row(r), kOutBytes);
+      v1::Tensor* lse = resp->mutable_lse();
+      lse->set_dtype(v1::FP32);
+      lse->add_shape(kHq);
+      lse->set_data(staging.buffer->lse_row(r), kLseBytes);
+    }
+    grpc::ByteBuffer reply;
+    if (!SerializeReply(*response, &reply).ok()) {
+      state.SkipWithError("serialization failed");
+      return;
+    }
+    benchmark::DoNotOptimize(reply.Length());
+  }
+  SetAnswerCounters(
+      state, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void BM_EncodedAnswer(benchmark::State& state) {
+  Staging staging = StagingWithOutputs();
+  const std::vector<int64_t> out_shape = {kHq, kD}, lse_shape = {kHq};
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    RawCall<v1::DecodeBatchRequest, v1::DecodeBatchResponse> call(64 << 10);
+    v1::DecodeBatchResponse* response = call.response();
+    std::vector<EncodedResponse> encoded(kRequests);
+    for (int r = 0; r < kRequests; ++r) {
+      v1::DecodeResponse* resp = response->add_responses();
+      SetBatchInfo(r, resp);
+      const TensorView out{
+          v1::BF16, out_shape,
+          absl::string_view(reinterpret_cast<const char*>(staging.buffer->out_row(r)), kOutBytes)};
+      const TensorView lse{
+          v1::FP32, lse_shape,
+          absl::string_view(reinterpret_cast<const char*>(staging.buffer->lse_row(r)), kLseBytes)};
+      encoded[r].batch_item = true;
+      EncodeDecodeResponse(*resp, &out, &lse, &encoded[r]);
+    }
+    grpc::ByteBuffer reply = DecodeBatchReply(*response, &encoded);
+    benchmark::DoNotOptimize(reply.Length());
+  }
+  SetAnswerCounters(
+      state, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
 BENCHMARK(BM_CopyPass)->UseRealTime();
 BENCHMARK(BM_TypedPath)->UseRealTime();
 BENCHMARK(BM_RawPath)->UseRealTime();
+BENCHMARK(BM_AnswerCopyPass)->UseRealTime();
+BENCHMARK(BM_TypedAnswer)->UseRealTime();
+BENCHMARK(BM_EncodedAnswer)->UseRealTime();
 
 }  // namespace
 }  // namespace sds::server

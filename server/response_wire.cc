@@ -1,0 +1,146 @@
+#include "server/response_wire.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include <cstring>
+
+namespace sds::server {
+namespace {
+
+namespace v1 = sparse_decode::v1;
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedOutputStream;
+
+// Field numbers of decode.proto (all below 16: one-byte tags).
+constexpr int kTensorDtype = 1, kTensorShape = 2, kTensorData = 3;
+constexpr int kRequestId = 1, kOut = 2, kLse = 3, kBatch = 4, kErrorCode = 5, kErrorMessage = 6;
+constexpr int kBatchResponses = 1;  // DecodeBatchResponse.responses
+constexpr size_t kTagBytes = 1;
+
+TensorView ViewOf(const v1::Tensor& t) {
+  return TensorView{t.dtype(), absl::MakeConstSpan(t.shape().data(), t.shape_size()), t.data()};
+}
+
+size_t PackedShapeBytes(absl::Span<const int64_t> shape) {
+  size_t n = 0;
+  for (int64_t v : shape) n += WireFormatLite::Int64Size(v);
+  return n;
+}
+
+size_t TensorBodySize(const TensorView& t) {
+  size_t n = 0;
+  if (t.dtype != v1::DTYPE_UNSPECIFIED) n += kTagBytes + WireFormatLite::EnumSize(t.dtype);
+  if (!t.shape.empty()) {
+    n += kTagBytes + WireFormatLite::LengthDelimitedSize(PackedShapeBytes(t.shape));
+  }
+  if (!t.data.empty()) n += kTagBytes + WireFormatLite::LengthDelimitedSize(t.data.size());
+  return n;
+}
+
+uint8_t* WriteHeader(int field, size_t length, uint8_t* p) {
+  p = WireFormatLite::WriteTagToArray(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED, p);
+  return CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(length), p);
+}
+
+uint8_t* WriteTensor(int field, const TensorView& t, uint8_t* p) {
+  p = WriteHeader(field, TensorBodySize(t), p);
+  if (t.dtype != v1::DTYPE_UNSPECIFIED)
+    p = WireFormatLite::WriteEnumToArray(kTensorDtype, t.dtype, p);
+  if (!t.shape.empty()) {
+    p = WriteHeader(kTensorShape, PackedShapeBytes(t.shape), p);
+    for (int64_t v : t.shape) p = WireFormatLite::WriteInt64NoTagToArray(v, p);
+  }
+  if (!t.data.empty()) {
+    p = WriteHeader(kTensorData, t.data.size(), p);
+    std::memcpy(p, t.data.data(), t.data.size());
+    p += t.data.size();
+  }
+  return p;
+}
+
+// The tensors to write: the views, else the message's own fields where present.
+struct Tensors {
+  Tensors(const v1::DecodeResponse& fields, const TensorView* out_view,
+          const TensorView* lse_view) {
+    has_out = out_view != nullptr || fields.has_out();
+    has_lse = lse_view != nullptr || fields.has_lse();
+    if (has_out) out = out_view ? *out_view : ViewOf(fields.out());
+    if (has_lse) lse = lse_view ? *lse_view : ViewOf(fields.lse());
+  }
+  bool has_out, has_lse;
+  TensorView out, lse;
+};
+
+size_t BodySize(const v1::DecodeResponse& f, const Tensors& t) {
+  size_t n = 0;
+  if (f.request_id() != 0) n += kTagBytes + WireFormatLite::UInt64Size(f.request_id());
+  if (t.has_out) n += kTagBytes + WireFormatLite::LengthDelimitedSize(TensorBodySize(t.out));
+  if (t.has_lse) n += kTagBytes + WireFormatLite::LengthDelimitedSize(TensorBodySize(t.lse));
+  if (f.has_batch()) n += kTagBytes + WireFormatLite::LengthDelimitedSize(f.batch().ByteSizeLong());
+  if (f.error_code() != 0) n += kTagBytes + WireFormatLite::Int32Size(f.error_code());
+  if (!f.error_message().empty()) {
+    n += kTagBytes + WireFormatLite::LengthDelimitedSize(f.error_message().size());
+  }
+  return n;
+}
+
+uint8_t* WriteBody(const v1::DecodeResponse& f, const Tensors& t, uint8_t* p) {
+  if (f.request_id() != 0) p = WireFormatLite::WriteUInt64ToArray(kRequestId, f.request_id(), p);
+  if (t.has_out) p = WriteTensor(kOut, t.out, p);
+  if (t.has_lse) p = WriteTensor(kLse, t.lse, p);
+  if (f.has_batch()) {
+    p = WriteHeader(kBatch, f.batch().ByteSizeLong(), p);  // also caches the size written next
+    p = f.batch().SerializeWithCachedSizesToArray(p);
+  }
+  if (f.error_code() != 0) p = WireFormatLite::WriteInt32ToArray(kErrorCode, f.error_code(), p);
+  if (!f.error_message().empty()) {
+    p = WriteHeader(kErrorMessage, f.error_message().size(), p);
+    std::memcpy(p, f.error_message().data(), f.error_message().size());
+    p += f.error_message().size();
+  }
+  return p;
+}
+
+}  // namespace
+
+size_t DecodeResponseSize(const v1::DecodeResponse& fields, const TensorView* out,
+                          const TensorView* lse) {
+  return BodySize(fields, Tensors(fields, out, lse));
+}
+
+uint8_t* WriteDecodeResponse(const v1::DecodeResponse& fields, const TensorView* out,
+                             const TensorView* lse, uint8_t* target) {
+  return WriteBody(fields, Tensors(fields, out, lse), target);
+}
+
+void EncodeDecodeResponse(const v1::DecodeResponse& fields, const TensorView* out,
+                          const TensorView* lse, EncodedResponse* encoded) {
+  const Tensors tensors(fields, out, lse);
+  const size_t body = BodySize(fields, tensors);
+  const size_t total =
+      encoded->batch_item ? kTagBytes + WireFormatLite::LengthDelimitedSize(body) : body;
+  grpc::Slice slice(total);  // uninitialised bytes of our own (refcount 1)
+  uint8_t* p = const_cast<uint8_t*>(slice.begin());
+  if (encoded->batch_item) p = WriteHeader(kBatchResponses, body, p);
+  WriteBody(fields, tensors, p);
+  encoded->bytes = std::move(slice);
+}
+
+grpc::ByteBuffer DecodeBatchReply(const v1::DecodeBatchResponse& typed,
+                                  std::vector<EncodedResponse>* encoded) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(encoded->size());
+  for (size_t i = 0; i < encoded->size(); ++i) {
+    EncodedResponse& item = (*encoded)[i];
+    if (item.empty()) {
+      item.batch_item = true;
+      EncodeDecodeResponse(typed.responses(static_cast<int>(i)), nullptr, nullptr, &item);
+    }
+    slices.push_back(item.bytes);
+  }
+  if (slices.empty()) slices.emplace_back();  // an empty message: one empty slice
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace sds::server

@@ -1,0 +1,61 @@
+// The output half of the one-copy path (wire_decode.h is the input half): a decode's
+// answer encoded straight from the staging rows into the slice gRPC sends. With a typed
+// response, out and lse were copied twice on the answering thread (staging -> arena
+// string by set_data, then arena -> slices by serialization); here once.
+//
+// The bytes are those protobuf writes for the same message (canonical field order,
+// proto3 defaults omitted, packed shapes): response_wire_test compares them with
+// SerializeAsString, so any client's parser reads them as before.
+#pragma once
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+// A tensor field written from borrowed bytes: dtype, shape and data as in v1::Tensor.
+struct TensorView {
+  sparse_decode::v1::DType dtype = sparse_decode::v1::DTYPE_UNSPECIFIED;
+  absl::Span<const int64_t> shape;
+  absl::string_view data;
+};
+
+// Where the executor leaves a decode's encoded answer (DecodeWork::encoded). Empty until
+// then; for an item of a DecodeBatch call (`batch_item`) the bytes are one element of
+// DecodeBatchResponse.responses, field tag and length included, so that the call's
+// reply is its items' slices in order.
+struct EncodedResponse {
+  bool batch_item = false;
+  grpc::Slice bytes;
+  bool empty() const { return bytes.size() == 0; }
+};
+
+// The encoding of `fields` with its `out` and `lse` replaced by the views (a null view:
+// the field as `fields` has it). `fields` keeps the other fields (request_id, batch,
+// error_code, error_message).
+size_t DecodeResponseSize(const sparse_decode::v1::DecodeResponse& fields, const TensorView* out,
+                          const TensorView* lse);
+// Writes DecodeResponseSize(...) bytes at `target`; returns the end.
+uint8_t* WriteDecodeResponse(const sparse_decode::v1::DecodeResponse& fields, const TensorView* out,
+                             const TensorView* lse, uint8_t* target);
+
+// Encodes into a fresh slice, framed as a DecodeBatchResponse element when
+// encoded->batch_item.
+void EncodeDecodeResponse(const sparse_decode::v1::DecodeResponse& fields, const TensorView* out,
+                          const TensorView* lse, EncodedResponse* encoded);
+
+// The reply of a DecodeBatch call: element i is encoded[i] where the executor filled it,
+// else responses(i) of `typed` (an item answered with an error). Only slices are
+// referenced, no bytes copied.
+grpc::ByteBuffer DecodeBatchReply(const sparse_decode::v1::DecodeBatchResponse& typed,
+                                  std::vector<EncodedResponse>* encoded);
+
+}  // namespace sds::server
