@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/response_wire.h"
 #include "server/rpc_util.h"
 #include "spdlog/spdlog.h"
 

@@ -10,10 +10,12 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstddef>
+#include <exception>
 #include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/arena.h"
 #include "server/response_wire.h"
@@ -63,16 +65,25 @@ class RawCall {
     }
   }
 
-  // The reply: the encoded answers, else (an error answer, an empty batch) the typed
-  // response serialized.
+  // The reply of a call answered OK: the executor's encoded answer (Decode), or every
+  // item's (DecodeBatch; an item answered with an error is encoded here from its typed
+  // slot). INTERNAL when an answer is missing (a bug) or memory runs out.
   absl::Status Reply(grpc::ByteBuffer* out) {
-    if constexpr (kBatch) {
-      *out = DecodeBatchReply(*response_, &encoded_);
+    try {
+      if constexpr (kBatch) {
+        absl::StatusOr<grpc::ByteBuffer> reply = DecodeBatchReply(*response_, &encoded_);
+        if (!reply.ok()) return reply.status();
+        out->Swap(&*reply);
+      } else {
+        if (encoded_.empty() || encoded_[0].empty()) {
+          return absl::InternalError("the decode was answered without an encoded response");
+        }
+        grpc::ByteBuffer reply(&encoded_[0].bytes, 1);
+        out->Swap(&reply);
+      }
       return absl::OkStatus();
-    } else {
-      if (encoded_.empty() || encoded_[0].empty()) return SerializeReply(*response_, out);
-      *out = grpc::ByteBuffer(&encoded_[0].bytes, 1);
-      return absl::OkStatus();
+    } catch (const std::exception& e) {  // bad_alloc: `done` callbacks must not throw
+      return absl::InternalError(absl::StrCat("cannot build the reply: ", e.what()));
     }
   }
 

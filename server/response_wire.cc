@@ -3,6 +3,10 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
 
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+#include <cstdlib>
 #include <cstring>
 
 namespace sds::server {
@@ -12,10 +16,21 @@ namespace v1 = sparse_decode::v1;
 using google::protobuf::internal::WireFormatLite;
 using google::protobuf::io::CodedOutputStream;
 
-// Field numbers of decode.proto (all below 16: one-byte tags).
-constexpr int kTensorDtype = 1, kTensorShape = 2, kTensorData = 3;
-constexpr int kRequestId = 1, kOut = 2, kLse = 3, kBatch = 4, kErrorCode = 5, kErrorMessage = 6;
-constexpr int kBatchResponses = 1;  // DecodeBatchResponse.responses
+// Field numbers of decode.proto, all below 16: one-byte tags.
+constexpr int kTensorDtype = v1::Tensor::kDtypeFieldNumber;
+constexpr int kTensorShape = v1::Tensor::kShapeFieldNumber;
+constexpr int kTensorData = v1::Tensor::kDataFieldNumber;
+constexpr int kRequestId = v1::DecodeResponse::kRequestIdFieldNumber;
+constexpr int kOut = v1::DecodeResponse::kOutFieldNumber;
+constexpr int kLse = v1::DecodeResponse::kLseFieldNumber;
+constexpr int kBatch = v1::DecodeResponse::kBatchFieldNumber;
+constexpr int kErrorCode = v1::DecodeResponse::kErrorCodeFieldNumber;
+constexpr int kErrorMessage = v1::DecodeResponse::kErrorMessageFieldNumber;
+constexpr int kBatchResponses = v1::DecodeBatchResponse::kResponsesFieldNumber;
+// Canonical order (protobuf writes fields by number) and one-byte tags.
+static_assert(kTensorDtype < kTensorShape && kTensorShape < kTensorData && kTensorData < 16);
+static_assert(kRequestId < kOut && kOut < kLse && kLse < kBatch && kBatch < kErrorCode &&
+              kErrorCode < kErrorMessage && kErrorMessage < 16 && kBatchResponses < 16);
 constexpr size_t kTagBytes = 1;
 
 TensorView ViewOf(const v1::Tensor& t) {
@@ -120,22 +135,31 @@ void EncodeDecodeResponse(const v1::DecodeResponse& fields, const TensorView* ou
   const size_t body = BodySize(fields, tensors);
   const size_t total =
       encoded->batch_item ? kTagBytes + WireFormatLite::LengthDelimitedSize(body) : body;
-  grpc::Slice slice(total);  // uninitialised bytes of our own (refcount 1)
+  grpc::Slice slice(total);  // fresh uninitialised bytes, ours alone (refcount 1)
   uint8_t* p = const_cast<uint8_t*>(slice.begin());
   if (encoded->batch_item) p = WriteHeader(kBatchResponses, body, p);
-  WriteBody(fields, tensors, p);
+  p = WriteBody(fields, tensors, p);
+  if (p != slice.end()) {  // BodySize and WriteBody disagree: memory is already corrupt
+    spdlog::critical("response_wire: wrote {} bytes of a {}-byte answer", p - slice.begin(), total);
+    std::abort();
+  }
   encoded->bytes = std::move(slice);
 }
 
-grpc::ByteBuffer DecodeBatchReply(const v1::DecodeBatchResponse& typed,
-                                  std::vector<EncodedResponse>* encoded) {
+absl::StatusOr<grpc::ByteBuffer> DecodeBatchReply(const v1::DecodeBatchResponse& typed,
+                                                  std::vector<EncodedResponse>* encoded) {
   std::vector<grpc::Slice> slices;
   slices.reserve(encoded->size());
   for (size_t i = 0; i < encoded->size(); ++i) {
     EncodedResponse& item = (*encoded)[i];
     if (item.empty()) {
+      const v1::DecodeResponse& slot = typed.responses(static_cast<int>(i));
+      if (slot.error_code() == 0) {
+        return absl::InternalError(
+            absl::StrCat("decode batch item ", i, " was answered without an encoded response"));
+      }
       item.batch_item = true;
-      EncodeDecodeResponse(typed.responses(static_cast<int>(i)), nullptr, nullptr, &item);
+      EncodeDecodeResponse(slot, nullptr, nullptr, &item);
     }
     slices.push_back(item.bytes);
   }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "sparse_decode/v1/decode.pb.h"
@@ -53,9 +54,10 @@ void EncodeDecodeResponse(const sparse_decode::v1::DecodeResponse& fields, const
                           const TensorView* lse, EncodedResponse* encoded);
 
 // The reply of a DecodeBatch call: element i is encoded[i] where the executor filled it,
-// else responses(i) of `typed` (an item answered with an error). Only slices are
-// referenced, no bytes copied.
-grpc::ByteBuffer DecodeBatchReply(const sparse_decode::v1::DecodeBatchResponse& typed,
-                                  std::vector<EncodedResponse>* encoded);
+// else responses(i) of `typed` encoded now (an item answered with an error). The reply
+// references the slices, it does not copy them. INTERNAL when an item has neither (a
+// bug: it would go out without its tensors).
+absl::StatusOr<grpc::ByteBuffer> DecodeBatchReply(
+    const sparse_decode::v1::DecodeBatchResponse& typed, std::vector<EncodedResponse>* encoded);
 
 }  // namespace sds::server

@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/auth.h"
+#include "server/response_wire.h"
 #include "sparse_decode/v1/decode.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -51,6 +52,7 @@ struct Pending {
   v1::AppendKVRequest append;
   v1::DecodeRequest decode;
   v1::DecodeResponse response;
+  EncodedResponse encoded;  // the decode's answer, as the RPCs get it
   absl::Status status;
   absl::Notification done;
 };
@@ -140,6 +142,7 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
     work.request = &p->decode;
     work.bytes = DecodeTensorBytes::Of(p->decode);
     work.response = &p->response;
+    work.encoded = &p->encoded;
     work.key = key;
     work.done = [p](const absl::Status& s) {
       p->status = s;
@@ -155,6 +158,12 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
     if (absl::Status s = batcher.SubmitControl(std::move(flush)); !s.ok()) return s;
     if (absl::Status s = Wait(p, "decode"); !s.ok()) return s;
 
+    // The answer as the decode RPCs send it: encoded from the staging rows.
+    if (p->encoded.empty() ||
+        !p->response.ParseFromArray(p->encoded.bytes.begin(),
+                                    static_cast<int>(p->encoded.bytes.size()))) {
+      return absl::InternalError("self-test: the encoded decode answer is missing or malformed");
+    }
     const v1::DecodeResponse& resp = p->response;
     if (resp.request_id() != 42 || resp.out().data().size() != static_cast<size_t>(hq) * d * 2 ||
         resp.lse().data().size() != static_cast<size_t>(hq) * 4) {

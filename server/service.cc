@@ -60,9 +60,11 @@ grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Metrics* m
 
 constexpr char kDecodeBatchRpc[] = "DecodeBatch";
 
-// Bytes of one decode request and its response at this model shape (bf16 q, gate, k, v
-// and out; int32 indices at max_topk per KV head, the largest list form; lse), plus room
-// for the small fields.
+// First arena block of one decode call: the bytes of its tensors at this model shape
+// (bf16 q, gate, k, v and out; int32 indices at max_topk per KV head; lse) plus 2 KB.
+// Generous now: the request's tensor data stays in the received slices (wire_decode.h)
+// and the answer's out and lse go into their own slice (response_wire.h), so the arena
+// holds only the small fields; one block per call either way.
 size_t DecodeCallBytes(const ModelShape& m) {
   const size_t q = size_t{2} * m.num_q_heads * m.head_dim;
   const size_t kv = size_t{2} * m.num_kv_heads * m.head_dim;
@@ -236,8 +238,10 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
         for (int i = 0; i < n; ++i) {
           const v1::DecodeRequest* item = &request.requests(i);
           v1::DecodeResponse* slot = response->mutable_responses(i);
-          auto done = [this, finish, remaining, item, slot](const absl::Status& s) {
+          EncodedResponse* encoded = call->encoded(i);
+          auto done = [this, finish, remaining, item, slot, encoded](const absl::Status& s) {
             if (!s.ok()) {
+              encoded->bytes = grpc::Slice();  // the typed error answer goes out instead
               slot->Clear();
               slot->set_request_id(item->request_id());
               slot->set_error_code(static_cast<int32_t>(s.code()));

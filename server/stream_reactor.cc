@@ -223,7 +223,10 @@ void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
   // serialized here, on the answering thread, as a typed StartWrite would at its call.
   absl::Status serialized;
   if (status.ok() && !call->encoded.empty()) {
-    call->reply = grpc::ByteBuffer(&call->encoded.bytes, 1);
+    grpc::ByteBuffer reply(&call->encoded.bytes, 1);
+    call->reply.Swap(&reply);
+  } else if (status.ok()) {
+    serialized = absl::InternalError("a decode was answered without an encoded response");
   } else {
     serialized = SerializeReply(*call->response, &call->reply);
   }

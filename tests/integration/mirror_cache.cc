@@ -99,9 +99,12 @@ std::string MirrorCache::Check(const v1::DecodeRequest& request,
       response.out().data().size() != static_cast<size_t>(hq) * d * 2) {
     return "out has the wrong dtype, shape or size";
   }
-  if (request.return_lse() && response.lse().data().size() != static_cast<size_t>(hq) * 4) {
-    return "lse missing or of the wrong size";
+  if (request.return_lse() && (response.lse().dtype() != v1::FP32 ||
+                               response.lse().shape_size() != 1 || response.lse().shape(0) != hq ||
+                               response.lse().data().size() != static_cast<size_t>(hq) * 4)) {
+    return "lse missing or of the wrong dtype, shape or size";
   }
+  if (!request.return_lse() && response.has_lse()) return "lse sent but not asked for";
 
   // Lay the sequence's pages out as pages 0..P-1 of a private cache.
   CacheView view;

@@ -130,11 +130,14 @@ TEST(ResponseWire, BatchReplyIsTheBatchMessage) {
     v1::DecodeBatchResponse typed;  // what the service keeps: no tensors for encoded items
     std::vector<EncodedResponse> encoded(n);
     for (int i = 0; i < n; ++i) {
-      const v1::DecodeResponse full = RandomResponse(rng);
+      v1::DecodeResponse full = RandomResponse(rng);
+      const bool encoded_item = rng() % 3 != 0;
+      // An item the service answers itself carries an error.
+      if (!encoded_item && full.error_code() == 0) full.set_error_code(14);
       *want.add_responses() = full;
       v1::DecodeResponse* slot = typed.add_responses();
       encoded[i].batch_item = true;
-      if (rng() % 3 != 0) {  // answered by the executor: encoded from views
+      if (encoded_item) {  // answered by the executor: encoded from views
         *slot = full;
         slot->clear_out();
         slot->clear_lse();
@@ -145,12 +148,53 @@ TEST(ResponseWire, BatchReplyIsTheBatchMessage) {
         *slot = full;
       }
     }
-    const std::string bytes = Flatten(DecodeBatchReply(typed, &encoded));
+    absl::StatusOr<grpc::ByteBuffer> reply = DecodeBatchReply(typed, &encoded);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    const std::string bytes = Flatten(*reply);
     ASSERT_EQ(bytes, want.SerializeAsString()) << "iteration " << iter << ", " << n << " items";
     v1::DecodeBatchResponse parsed;
     ASSERT_TRUE(parsed.ParseFromString(bytes));
     EXPECT_EQ(parsed.responses_size(), n);
   }
+}
+
+// Tensors of 16 KB (three-byte lengths: 64 heads x 128 dims of bf16) and 2 MiB (four).
+TEST(ResponseWire, LargeTensors) {
+  std::mt19937_64 rng(11);
+  for (size_t bytes : {size_t{16383}, size_t{16384}, size_t{2} << 20}) {
+    v1::DecodeResponse full;
+    full.set_request_id(7);
+    v1::Tensor* out = full.mutable_out();
+    out->set_dtype(v1::BF16);
+    out->add_shape(static_cast<int64_t>(bytes / 2));
+    std::string data(bytes, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    out->set_data(data);
+    full.mutable_batch()->set_batch_size(3);
+    v1::DecodeResponse fields = full;
+    fields.clear_out();
+    const TensorView view = ViewOf(full.out());
+    EXPECT_EQ(Encoded(fields, &view, nullptr, true),
+              [&] {
+                v1::DecodeBatchResponse batch;
+                *batch.add_responses() = full;
+                return batch.SerializeAsString();
+              }())
+        << bytes << " bytes";
+  }
+}
+
+// An item the executor answered OK must have been encoded: a typed slot without an
+// error (so without its tensors) is a bug, reported instead of sent.
+TEST(ResponseWire, BatchItemWithoutAnAnswerIsAnError) {
+  v1::DecodeBatchResponse typed;
+  typed.add_responses()->set_request_id(1);
+  std::vector<EncodedResponse> encoded(1);
+  encoded[0].batch_item = true;
+  absl::StatusOr<grpc::ByteBuffer> reply = DecodeBatchReply(typed, &encoded);
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kInternal);
+  typed.mutable_responses(0)->set_error_code(5);
+  EXPECT_TRUE(DecodeBatchReply(typed, &encoded).ok());
 }
 
 }  // namespace
