@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "server/spin_wait.h"
 #include "spdlog/spdlog.h"
 
 namespace sds::server {
@@ -96,6 +97,7 @@ absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool ur
   *wake = *wake || decode == nullptr || (options_.eager && decode->closes_batch) ||
           queue_.empty() || queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size);
   if (counts_toward_depth) ++limited_in_queue_;
+  queue_events_.fetch_add(1, std::memory_order_release);
   if (urgent) {
     queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_in_front_), std::move(entry));
     ++urgent_in_front_;
@@ -287,7 +289,8 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
   while (true) {
     if (queue_.empty()) {
       if (stopping_) return false;
-      queue_cv_.wait(lock);
+      SpinThenWait(lock, queue_cv_, queue_events_, options_.idle_spin,
+                   [&] { return !queue_.empty() || stopping_; });
       continue;
     }
     if (!std::holds_alternative<DecodeWork>(queue_.front())) {
@@ -416,6 +419,7 @@ void Batcher::AssemblerLoop() {
     if (run_here) {
       RunReady(ready);
     } else if (has_work || !more) {
+      pipe_events_.fetch_add(1, std::memory_order_release);
       ready_cv_.notify_one();
     }
     if (!more) return;
@@ -427,7 +431,7 @@ void Batcher::ExecutorLoop() {
     Ready ready;
     {
       std::unique_lock<std::mutex> lock(pipe_mu_);
-      ready_cv_.wait(lock, [&] {
+      SpinThenWait(lock, ready_cv_, pipe_events_, options_.idle_spin, [&] {
         return (!ready_.empty() && !executor_running_) || (ready_.empty() && assembler_done_);
       });
       if (ready_.empty()) return;
@@ -469,7 +473,10 @@ void Batcher::ReleaseUnit(Ready& ready, int64_t items) {
     queued_units = !ready_.empty();
   }
   // A unit handed over while this one ran on a submitting thread waits for this moment.
-  if (queued_units && options_.run_on_submitter) ready_cv_.notify_one();
+  if (queued_units && options_.run_on_submitter) {
+    pipe_events_.fetch_add(1, std::memory_order_release);
+    ready_cv_.notify_one();
+  }
   if (ready.buffer >= 0) {
     buffer_cv_.notify_one();
     // An eager assembler holding requests waits for this moment.
@@ -503,6 +510,7 @@ void Batcher::Stop() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (stopping_) return;
     stopping_ = true;
+    queue_events_.fetch_add(1, std::memory_order_release);
     leftover.swap(queue_);
     limited_in_queue_ = 0;
     urgent_in_front_ = 0;

@@ -56,6 +56,9 @@ struct BatcherOptions {
   // DecodeBatch of 256 seed-shape requests is ~5.8 MB of copies before anything runs.
   // 1 = the assembling thread alone.
   int32_t staging_threads = 1;
+  // How long the assembler and executor threads spin for new work before they sleep
+  // (spin_wait.h); 0 = sleep at once.
+  std::chrono::microseconds idle_spin{0};
 };
 
 class Batcher {
@@ -189,7 +192,11 @@ class Batcher {
   // (set under queue_mu_, cleared under pipe_mu_; read under both).
   bool assembler_holding_ = false;
   bool assembler_done_ = false;
-  std::atomic<int> batches_in_flight_{0};  // decode batches handed to the executor, not done
+  std::atomic<int> batches_in_flight_{0};
+  // Bumped on every change the idle threads wait for (SpinThenWait's `events`): entries
+  // pushed or the stop (queue_cv_), units handed over or released (ready_cv_).
+  std::atomic<uint64_t> queue_events_{0};
+  std::atomic<uint64_t> pipe_events_{0};  // decode batches handed to the executor, not done
 
   std::mutex outstanding_mu_;
   std::condition_variable outstanding_cv_;

@@ -53,6 +53,11 @@ ABSL_FLAG(int32_t, answer_threads, 0,
           "the batch's thread goes on (gRPC writes inline on the calling thread); 0 = the "
           "batch's thread writes them (4 measured within the run-to-run spread on the H200 "
           "host, bench/RESULTS.md); a batch of one is always answered by its thread");
+ABSL_FLAG(int32_t, idle_spin_us, 0,
+          "microseconds the batcher's two threads spin for new work before they sleep: a "
+          "request arriving meanwhile skips a thread wake-up (lower latency at low load) "
+          "at the cost of up to two busy cores while idle; for hosts with cores to spare "
+          "(GPU servers). 0 = sleep at once; at most 10000");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
@@ -149,6 +154,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.eager_batching = absl::GetFlag(FLAGS_eager_batching);
   opt.staging_threads = absl::GetFlag(FLAGS_staging_threads);
   opt.answer_threads = absl::GetFlag(FLAGS_answer_threads);
+  opt.idle_spin_us = absl::GetFlag(FLAGS_idle_spin_us);
   opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   opt.auth_token = absl::GetFlag(FLAGS_auth_token);
@@ -175,6 +181,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (opt.max_queue_delay_us < 0) return Bad("--max_queue_delay_us must be >= 0");
   if (opt.staging_threads < 1 || opt.staging_threads > 64)
     return Bad("--staging_threads must be in [1, 64]");
+  if (opt.idle_spin_us < 0 || opt.idle_spin_us > 10000)
+    return Bad("--idle_spin_us must be in [0, 10000]");
   if (opt.answer_threads < 0 || opt.answer_threads > 64)
     return Bad("--answer_threads must be in [0, 64]");
   if (opt.inline_idle_batches && !opt.eager_batching) {

@@ -150,13 +150,14 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher_options.eager = opt.eager_batching;
   batcher_options.run_on_submitter = opt.inline_idle_batches;
   batcher_options.staging_threads = opt.staging_threads;
+  batcher_options.idle_spin = std::chrono::microseconds(opt.idle_spin_us);
   Batcher batcher(batcher_options, executor->get(), std::move(staging));
   batcher.Start();
   spdlog::info(
       "batcher: max_batch_size {}, max_queue_delay {} us, eager {}, inline {}, "
-      "staging threads {}",
+      "staging threads {}, idle spin {} us",
       batcher_options.max_batch_size, opt.max_queue_delay_us, batcher_options.eager,
-      batcher_options.run_on_submitter, batcher_options.staging_threads);
+      batcher_options.run_on_submitter, batcher_options.staging_threads, opt.idle_spin_us);
 
   if (absl::Status s = RunSelfTest(batcher, backend->cache(), model); !s.ok()) {
     return Fail(

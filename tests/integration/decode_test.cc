@@ -19,13 +19,15 @@ namespace {
 // batch on the submitting RPC thread when the batcher is idle (--inline_idle_batches);
 // staging_threads > 1: batches of 16 requests or more are copied into staging by that
 // many threads (--staging_threads); answer_threads > 0: stream answers of batches of two
-// or more are written by that many threads (--answer_threads).
+// or more are written by that many threads (--answer_threads); idle_spin_us > 0: the
+// batcher's threads spin that long for work before sleeping (--idle_spin_us).
 struct DecodeTestParam {
   ScaleMode scale_mode;
   bool eager;
   bool inline_batches = false;
   int staging_threads = 1;
   int answer_threads = 0;
+  int idle_spin_us = 0;
 };
 
 class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
@@ -38,6 +40,7 @@ class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
     if (GetParam().inline_batches) flags.push_back("--inline_idle_batches");
     flags.push_back("--staging_threads=" + std::to_string(GetParam().staging_threads));
     flags.push_back("--answer_threads=" + std::to_string(GetParam().answer_threads));
+    flags.push_back("--idle_spin_us=" + std::to_string(GetParam().idle_spin_us));
     harness_ = std::make_unique<Harness>(model, flags);
     ASSERT_TRUE(harness_->ok()) << harness_->error();
   }
@@ -329,23 +332,23 @@ TEST(DecodeStreamBackPressure, SlowReaderGetsEveryAnswer) {
       << "the stream never applied back-pressure";
 }
 
-INSTANTIATE_TEST_SUITE_P(ScaleModes, DecodeTest,
-                         ::testing::Values(DecodeTestParam{ScaleMode::kPerTensor, false},
-                                           DecodeTestParam{ScaleMode::kPerTokenHead, false},
-                                           DecodeTestParam{ScaleMode::kPerTensor, true},
-                                           DecodeTestParam{ScaleMode::kPerTokenHead, true, true},
-                                           DecodeTestParam{ScaleMode::kPerTensor, true, false, 3},
-                                           DecodeTestParam{ScaleMode::kPerTokenHead, false, false,
-                                                           1, 4}),
-                         [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
-                           std::string name = info.param.scale_mode == ScaleMode::kPerTensor
-                                                  ? "PerTensor"
-                                                  : "PerTokenHead";
-                           if (info.param.staging_threads > 1) name += "StagingPool";
-                           if (info.param.answer_threads > 0) name += "AnswerPool";
-                           if (info.param.inline_batches) return name + "EagerInline";
-                           return info.param.eager ? name + "Eager" : name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    ScaleModes, DecodeTest,
+    ::testing::Values(DecodeTestParam{ScaleMode::kPerTensor, false},
+                      DecodeTestParam{ScaleMode::kPerTokenHead, false},
+                      DecodeTestParam{ScaleMode::kPerTensor, true},
+                      DecodeTestParam{ScaleMode::kPerTokenHead, true, true},
+                      DecodeTestParam{ScaleMode::kPerTensor, true, false, 3, 0, 2000},
+                      DecodeTestParam{ScaleMode::kPerTokenHead, false, false, 1, 4}),
+    [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
+      std::string name =
+          info.param.scale_mode == ScaleMode::kPerTensor ? "PerTensor" : "PerTokenHead";
+      if (info.param.staging_threads > 1) name += "StagingPool";
+      if (info.param.answer_threads > 0) name += "AnswerPool";
+      if (info.param.idle_spin_us > 0) name += "Spin";
+      if (info.param.inline_batches) return name + "EagerInline";
+      return info.param.eager ? name + "Eager" : name;
+    });
 
 }  // namespace
 }  // namespace sds::itest

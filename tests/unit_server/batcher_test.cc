@@ -7,6 +7,7 @@
 // on a notification holds the assembler or the executor thread where a case needs it.
 #include <pthread.h>
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -83,7 +84,7 @@ struct Record {
 
 class BatcherTest : public ::testing::Test {
  protected:
-  void Start(bool run_on_submitter) {
+  void Start(bool run_on_submitter, std::chrono::microseconds idle_spin = {}) {
     // One layer, 2 query heads on 1 KV head, D 64; one CPU thread.
     const BackendConfig config = {.cache = {.num_layers = 1,
                                             .num_kv_heads = 1,
@@ -116,6 +117,7 @@ class BatcherTest : public ::testing::Test {
     options.max_queue_delay = std::chrono::milliseconds(50);
     options.eager = true;
     options.run_on_submitter = run_on_submitter;
+    options.idle_spin = idle_spin;
     batcher_ = std::make_unique<Batcher>(options, executor_.get(), std::move(staging));
     batcher_->Start();
   }
@@ -250,6 +252,28 @@ TEST_F(BatcherTest, IdleBatcherRunsDecodeAndControlOnTheAssembler) {
   std::shared_ptr<Record> control = SubmitControl();
   Wait(control);
   EXPECT_EQ(control->thread, "sds-assembler");
+}
+
+// --idle_spin_us: work that arrives while the threads spin, and after they have gone to
+// sleep, runs on the usual threads; stopping does not wait for a spin to end.
+TEST_F(BatcherTest, SpinningThreadsTakeWorkWhileSpinningAndAfterSleeping) {
+  Start(false, std::chrono::milliseconds(5));
+  for (int round = 0; round < 20; ++round) {
+    // 0.2 ms: inside the 5 ms spin of both threads; 8 ms: asleep on their condition.
+    std::this_thread::sleep_for(round % 2 ? std::chrono::microseconds(200)
+                                          : std::chrono::milliseconds(8));
+    const std::string id = "s" + std::to_string(round);
+    std::shared_ptr<Record> decode = SubmitDecode(id);
+    std::shared_ptr<Record> prefill = SubmitPrefill(id + "p");
+    Wait(decode);
+    Wait(prefill);
+    EXPECT_TRUE(decode->status.ok()) << decode->status;
+    EXPECT_TRUE(prefill->status.ok()) << prefill->status;
+    EXPECT_EQ(prefill->thread, "sds-executor");
+  }
+  const auto stop_start = std::chrono::steady_clock::now();
+  batcher_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::seconds(1));
 }
 
 TEST_F(BatcherTest, PrefillAlwaysRunsOnTheExecutorThread) {

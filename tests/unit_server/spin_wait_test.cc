@@ -1,0 +1,96 @@
+// SpinThenWait (server/spin_wait.h): a state change made during the spin, or after the
+// waiter went to sleep, ends the wait; a change that does not bump the event counter is
+// still seen once the spin ends; and a notification that came during the spin is not
+// needed again (the predicate is checked under the lock before sleeping).
+#include "server/spin_wait.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace sds::server {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+struct State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<uint64_t> events{0};
+  bool ready = false;  // guarded by mu
+
+  // Sets `ready` under the lock, bumps the counter when asked, notifies once.
+  void Set(bool bump) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ready = true;
+    }
+    if (bump) events.fetch_add(1, std::memory_order_release);
+    cv.notify_one();
+  }
+};
+
+// Runs SpinThenWait on a thread; the returned future is ready when the wait returned.
+std::future<void> StartWaiter(State* state, microseconds spin) {
+  return std::async(std::launch::async, [state, spin] {
+    std::unique_lock<std::mutex> lock(state->mu);
+    SpinThenWait(lock, state->cv, state->events, spin, [state] { return state->ready; });
+    EXPECT_TRUE(state->ready);
+  });
+}
+
+// Makes sure a stuck waiter (a failed test) can still be joined.
+void Unstick(State* state, std::future<void>* waiter) {
+  while (waiter->wait_for(milliseconds(10)) != std::future_status::ready) {
+    state->cv.notify_all();
+  }
+}
+
+TEST(SpinThenWait, ChangeDuringTheSpinEndsTheWait) {
+  State state;
+  std::future<void> waiter = StartWaiter(&state, std::chrono::seconds(2));
+  std::this_thread::sleep_for(milliseconds(20));  // the waiter spins (2 s)
+  state.Set(/*bump=*/true);                       // its one notification comes now
+  const bool ended = waiter.wait_for(milliseconds(500)) == std::future_status::ready;
+  Unstick(&state, &waiter);
+  EXPECT_TRUE(ended) << "a change made during the spin was missed";
+}
+
+TEST(SpinThenWait, ChangeAfterTheSpinWakesTheSleeper) {
+  State state;
+  std::future<void> waiter = StartWaiter(&state, microseconds(500));
+  std::this_thread::sleep_for(milliseconds(50));  // spin over, asleep
+  state.Set(/*bump=*/true);
+  const bool ended = waiter.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  Unstick(&state, &waiter);
+  EXPECT_TRUE(ended);
+}
+
+TEST(SpinThenWait, ChangeWithoutABumpIsSeenWhenTheSpinEnds) {
+  State state;
+  std::future<void> waiter = StartWaiter(&state, milliseconds(100));
+  std::this_thread::sleep_for(milliseconds(10));
+  state.Set(/*bump=*/false);  // notified while spinning, counter unchanged
+  const bool ended = waiter.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  Unstick(&state, &waiter);
+  EXPECT_TRUE(ended);
+}
+
+TEST(SpinThenWait, NoSpinIsAPlainWait) {
+  State state;
+  std::future<void> waiter = StartWaiter(&state, microseconds(0));
+  std::this_thread::sleep_for(milliseconds(10));
+  state.Set(/*bump=*/false);
+  const bool ended = waiter.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  Unstick(&state, &waiter);
+  EXPECT_TRUE(ended);
+}
+
+}  // namespace
+}  // namespace sds::server
