@@ -6,7 +6,9 @@
 # BIN holds echo_server and decode_loadgen (a build dir's layout or a bundle's bin/); the
 # bench's knobs (SHAPES, BACKEND, DURATION_S, STREAMS, BATCHES, ...) pass through.
 # Prints every case's row of each run's summary table, prefixed with the run's label.
-# Fails when a run fails or its summary has no case rows.
+# Fails when a run fails or its summary has no case rows. Both servers get the bench's
+# default flags (BACKEND=cuda adds --idle_spin_us, which servers before ab9a7c1 refuse:
+# pass SERVER_FLAGS="--eager_batching" to compare with one of those).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -eq 3 ]] || { echo "usage: $0 BIN SERVER_A SERVER_B" >&2; exit 2; }
