@@ -192,11 +192,11 @@ class Batcher {
   // (set under queue_mu_, cleared under pipe_mu_; read under both).
   bool assembler_holding_ = false;
   bool assembler_done_ = false;
-  std::atomic<int> batches_in_flight_{0};
+  std::atomic<int> batches_in_flight_{0};  // decode batches handed to the executor, not done
   // Bumped on every change the idle threads wait for (SpinThenWait's `events`): entries
   // pushed or the stop (queue_cv_), units handed over or released (ready_cv_).
   std::atomic<uint64_t> queue_events_{0};
-  std::atomic<uint64_t> pipe_events_{0};  // decode batches handed to the executor, not done
+  std::atomic<uint64_t> pipe_events_{0};
 
   std::mutex outstanding_mu_;
   std::condition_variable outstanding_cv_;

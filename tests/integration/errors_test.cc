@@ -452,6 +452,8 @@ TEST(ErrorsStandalone, InvalidFlagsFailAtStartWithOneLine) {
       {"--cache_bytes=100000", "--cache_pages=10"},
       {"--backend=tpu"},
       {"--scale_mode=fp4"},
+      {"--idle_spin_us=20000"},
+      {"--idle_spin_us=-1"},
   };
   for (const auto& flags : bad) {
     std::string output;
