@@ -3,11 +3,11 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
 
-#include "absl/strings/str_cat.h"
-#include "spdlog/spdlog.h"
-
 #include <cstdlib>
 #include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace sds::server {
 namespace {
