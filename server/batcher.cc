@@ -97,7 +97,7 @@ absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool ur
   *wake = *wake || decode == nullptr || (options_.eager && decode->closes_batch) ||
           queue_.empty() || queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size);
   if (counts_toward_depth) ++limited_in_queue_;
-  queue_events_.fetch_add(1, std::memory_order_release);
+  queue_events_.fetch_add(1, std::memory_order_relaxed);
   if (urgent) {
     queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_in_front_), std::move(entry));
     ++urgent_in_front_;
@@ -329,6 +329,7 @@ bool Batcher::ClaimForSubmitterLocked(SubmitterRun* claim) {
   ready.buffer = free_buffers_.back();
   free_buffers_.pop_back();
   executor_running_ = true;
+  pipe_events_.fetch_add(1, std::memory_order_relaxed);  // a spinning executor sleeps instead
   batches_in_flight_.fetch_add(1);
   return true;
 }
@@ -415,11 +416,13 @@ void Batcher::AssemblerLoop() {
       if (run_here) executor_running_ = true;
       if (has_work && !run_here) ready_.push_back(std::move(ready));
       if (!more) assembler_done_ = true;
+      // Ends an executor's spin: on a hand-over it runs the unit, on a unit run here it
+      // sleeps instead of spinning beside it.
+      if (has_work || !more) pipe_events_.fetch_add(1, std::memory_order_relaxed);
     }
     if (run_here) {
       RunReady(ready);
     } else if (has_work || !more) {
-      pipe_events_.fetch_add(1, std::memory_order_release);
       ready_cv_.notify_one();
     }
     if (!more) return;
@@ -471,12 +474,10 @@ void Batcher::ReleaseUnit(Ready& ready, int64_t items) {
     executor_running_ = false;
     if (ready.buffer >= 0) free_buffers_.push_back(ready.buffer);
     queued_units = !ready_.empty();
+    pipe_events_.fetch_add(1, std::memory_order_relaxed);
   }
   // A unit handed over while this one ran on a submitting thread waits for this moment.
-  if (queued_units && options_.run_on_submitter) {
-    pipe_events_.fetch_add(1, std::memory_order_release);
-    ready_cv_.notify_one();
-  }
+  if (queued_units && options_.run_on_submitter) ready_cv_.notify_one();
   if (ready.buffer >= 0) {
     buffer_cv_.notify_one();
     // An eager assembler holding requests waits for this moment.
@@ -510,7 +511,7 @@ void Batcher::Stop() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (stopping_) return;
     stopping_ = true;
-    queue_events_.fetch_add(1, std::memory_order_release);
+    queue_events_.fetch_add(1, std::memory_order_relaxed);
     leftover.swap(queue_);
     limited_in_queue_ = 0;
     urgent_in_front_ = 0;

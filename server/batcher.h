@@ -193,10 +193,12 @@ class Batcher {
   bool assembler_holding_ = false;
   bool assembler_done_ = false;
   std::atomic<int> batches_in_flight_{0};  // decode batches handed to the executor, not done
-  // Bumped on every change the idle threads wait for (SpinThenWait's `events`): entries
-  // pushed or the stop (queue_cv_), units handed over or released (ready_cv_).
-  std::atomic<uint64_t> queue_events_{0};
-  std::atomic<uint64_t> pipe_events_{0};
+  // SpinThenWait's `events`, bumped under the mutex of the state they announce, on their
+  // own cache lines (the spinning thread reads them in a loop): queue_events_ when an
+  // entry is pushed or the batcher stops (queue_mu_), pipe_events_ when ready_,
+  // executor_running_ or assembler_done_ change (pipe_mu_).
+  alignas(64) std::atomic<uint64_t> queue_events_{0};
+  alignas(64) std::atomic<uint64_t> pipe_events_{0};
 
   std::mutex outstanding_mu_;
   std::condition_variable outstanding_cv_;

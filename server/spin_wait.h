@@ -22,24 +22,26 @@ inline void CpuRelax() {
 }
 
 // Waits on `cv` under `lock` until `ready()`. When `spin` is positive it first spins,
-// with the lock released, until `events` changes (a counter the notifying side bumps
-// when it changes the state `ready` reads) or `spin` has passed. The spin only saves
-// the wake-up: `ready` is then checked under the lock before sleeping, as in any
-// condition-variable wait, so no notification is lost.
+// with the lock released, until `events` changes (a counter bumped under the same mutex
+// whenever the state `ready` reads changes) or `spin` has passed; then, whatever the
+// change was, `ready` is checked under the lock and the thread sleeps if it is still
+// false (so a change that does not make it ready ends the spin: e.g. a unit run on
+// another thread, which the executor must not spin beside). The spin only saves the
+// wake-up; as in any condition-variable wait, no notification is lost.
 template <typename Ready>
 void SpinThenWait(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
                   const std::atomic<uint64_t>& events, std::chrono::microseconds spin,
                   Ready ready) {
   if (ready()) return;
   if (spin.count() > 0) {
-    const uint64_t seen = events.load(std::memory_order_relaxed);
+    const uint64_t seen = events.load(std::memory_order_relaxed);  // exact: under the lock
     lock.unlock();
     const auto until = std::chrono::steady_clock::now() + spin;
     bool changed = false;
     while (!changed && std::chrono::steady_clock::now() < until) {
       for (int i = 0; i < 64 && !changed; ++i) {
         CpuRelax();
-        changed = events.load(std::memory_order_acquire) != seen;
+        changed = events.load(std::memory_order_relaxed) != seen;  // the data: under the lock
       }
     }
     lock.lock();

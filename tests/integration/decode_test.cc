@@ -338,8 +338,9 @@ INSTANTIATE_TEST_SUITE_P(
                       DecodeTestParam{ScaleMode::kPerTokenHead, false},
                       DecodeTestParam{ScaleMode::kPerTensor, true},
                       DecodeTestParam{ScaleMode::kPerTokenHead, true, true},
-                      DecodeTestParam{ScaleMode::kPerTensor, true, false, 3, 0, 2000},
-                      DecodeTestParam{ScaleMode::kPerTokenHead, false, false, 1, 4}),
+                      DecodeTestParam{ScaleMode::kPerTensor, true, false, 3},
+                      DecodeTestParam{ScaleMode::kPerTokenHead, false, false, 1, 4},
+                      DecodeTestParam{ScaleMode::kPerTokenHead, true, true, 1, 0, 2000}),
     [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
       std::string name =
           info.param.scale_mode == ScaleMode::kPerTensor ? "PerTensor" : "PerTokenHead";

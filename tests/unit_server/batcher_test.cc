@@ -276,6 +276,28 @@ TEST_F(BatcherTest, SpinningThreadsTakeWorkWhileSpinningAndAfterSleeping) {
   EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::seconds(1));
 }
 
+// With a spin far longer than the test, work submitted to the spinning threads runs at
+// once (the push and the hand-over end the spins) and Stop ends them: nothing waits for
+// the 2 s to pass.
+TEST_F(BatcherTest, LongSpinsEndOnWorkAndOnStop) {
+  Start(false, std::chrono::seconds(2));
+  for (int round = 0; round < 5; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both threads spinning
+    const auto start = std::chrono::steady_clock::now();
+    const std::string id = "l" + std::to_string(round);
+    std::shared_ptr<Record> decode = SubmitDecode(id);
+    std::shared_ptr<Record> prefill = SubmitPrefill(id + "p");  // via the executor thread
+    Wait(decode);
+    Wait(prefill);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+    EXPECT_TRUE(decode->status.ok()) << decode->status;
+    EXPECT_TRUE(prefill->status.ok()) << prefill->status;
+  }
+  const auto stop_start = std::chrono::steady_clock::now();
+  batcher_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::milliseconds(500));
+}
+
 TEST_F(BatcherTest, PrefillAlwaysRunsOnTheExecutorThread) {
   Start(false);
   std::shared_ptr<Record> prefill = SubmitPrefill("p");

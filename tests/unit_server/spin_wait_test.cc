@@ -82,6 +82,21 @@ TEST(SpinThenWait, ChangeWithoutABumpIsSeenWhenTheSpinEnds) {
   EXPECT_TRUE(ended);
 }
 
+// A bump whose change leaves the predicate false ends the spin, but not the wait.
+TEST(SpinThenWait, ABumpWithoutTheStateKeepsWaiting) {
+  State state;
+  std::future<void> waiter = StartWaiter(&state, std::chrono::seconds(2));
+  std::this_thread::sleep_for(milliseconds(10));
+  state.events.fetch_add(1);  // as a change of other state under the mutex would
+  state.cv.notify_one();
+  const bool early = waiter.wait_for(milliseconds(100)) == std::future_status::ready;
+  EXPECT_FALSE(early) << "the wait returned with its predicate false";
+  state.Set(/*bump=*/true);
+  const bool ended = waiter.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  Unstick(&state, &waiter);
+  EXPECT_TRUE(ended);
+}
+
 TEST(SpinThenWait, NoSpinIsAPlainWait) {
   State state;
   std::future<void> waiter = StartWaiter(&state, microseconds(0));
