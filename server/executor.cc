@@ -57,30 +57,17 @@ Executor::~Executor() {
   if (append_block_) backend_->FreeStaging(append_block_);
 }
 
-void Executor::SetOutputs(const StagingBuffer& staging, int32_t row, bool with_lse,
-                          v1::DecodeResponse* response, EncodedResponse* encoded) const {
+void Executor::EncodeAnswer(const StagingBuffer& staging, int32_t row, bool with_lse,
+                            const v1::DecodeResponse& fields, EncodedResponse* encoded) const {
   const size_t out_bytes = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
   const size_t lse_bytes = static_cast<size_t>(model_.num_q_heads) * 4;
-  const char* out = reinterpret_cast<const char*>(staging.out_row(row));
-  const char* lse = reinterpret_cast<const char*>(staging.lse_row(row));
-  if (encoded != nullptr) {
-    const TensorView out_view{v1::BF16, out_shape_, absl::string_view(out, out_bytes)};
-    const TensorView lse_view{v1::FP32, lse_shape_, absl::string_view(lse, lse_bytes)};
-    EncodeDecodeResponse(*response, &out_view, with_lse ? &lse_view : nullptr, encoded);
-    return;
-  }
-  v1::Tensor* out_tensor = response->mutable_out();
-  out_tensor->set_dtype(v1::BF16);
-  out_tensor->clear_shape();
-  for (int64_t d : out_shape_) out_tensor->add_shape(d);
-  out_tensor->set_data(out, out_bytes);
-  if (with_lse) {
-    v1::Tensor* lse_tensor = response->mutable_lse();
-    lse_tensor->set_dtype(v1::FP32);
-    lse_tensor->clear_shape();
-    for (int64_t d : lse_shape_) lse_tensor->add_shape(d);
-    lse_tensor->set_data(lse, lse_bytes);
-  }
+  const TensorView out{
+      v1::BF16, out_shape_,
+      absl::string_view(reinterpret_cast<const char*>(staging.out_row(row)), out_bytes)};
+  const TensorView lse{
+      v1::FP32, lse_shape_,
+      absl::string_view(reinterpret_cast<const char*>(staging.lse_row(row)), lse_bytes)};
+  EncodeDecodeResponse(fields, &out, with_lse ? &lse : nullptr, encoded);
 }
 
 void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items) {
@@ -94,6 +81,10 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
   int32_t rows = 0;
   for (int32_t i = 0; i < n; ++i) {
     const v1::DecodeRequest& req = *items[i].request;
+    if (items[i].encoded == nullptr) {  // a bug in the caller: nowhere to put the answer
+      status[i] = absl::InternalError("decode work item without an answer slot");
+      continue;
+    }
     if (start > items[i].deadline) {
       status[i] = DeadlineError();
       continue;
@@ -175,7 +166,7 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
         info->set_batch_size(rows);
         info->set_queue_us(Micros(start - item.enqueued));
         info->set_compute_us(timing.compute_us);
-        SetOutputs(staging, row_of[i], req.return_lse(), resp, item.encoded);
+        EncodeAnswer(staging, row_of[i], req.return_lse(), *resp, item.encoded);
         oldest_wait = std::max(oldest_wait, start - item.enqueued);
       }
     }

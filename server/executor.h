@@ -34,11 +34,11 @@ class Executor {
  private:
   Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
-  // Out [Hq, D] bf16 and lse [Hq] f32 (when asked) of staging row `row`: encoded with
-  // `response`'s other fields into `encoded` when the call takes its answer encoded,
-  // else set on `response`.
-  void SetOutputs(const StagingBuffer& staging, int32_t row, bool with_lse,
-                  sparse_decode::v1::DecodeResponse* response, EncodedResponse* encoded) const;
+  // The answer of staging row `row` into `encoded`: `fields` (request_id, batch) with out
+  // [Hq, D] bf16 and lse [Hq] f32 (when asked) read straight from the row.
+  void EncodeAnswer(const StagingBuffer& staging, int32_t row, bool with_lse,
+                    const sparse_decode::v1::DecodeResponse& fields,
+                    EncodedResponse* encoded) const;
 
   Backend* backend_;
   Metrics* metrics_;

@@ -28,9 +28,9 @@ struct DecodeWork {
   // The request's tensor data: its own fields, or the call's received slices (a raw
   // Decode or DecodeBatch call, whose message fields then hold no data).
   DecodeTensorBytes bytes;
-  // On OK the executor has set request_id and batch, and out and lse (when asked) either
-  // here or, when `encoded` is set, only in the encoded answer (straight from staging:
-  // the raw calls send those bytes; response_wire.h).
+  // On OK the executor has set request_id and batch here, and written the whole answer,
+  // out and lse (when asked) straight from staging, into `encoded` (required; the bytes
+  // the calls send: response_wire.h). On an error the caller answers from `response`.
   sparse_decode::v1::DecodeResponse* response = nullptr;
   EncodedResponse* encoded = nullptr;
   std::string key;  // tenant-qualified sequence id (auth.h)

@@ -23,6 +23,7 @@
 #include "server/executor.h"
 #include "server/metrics.h"
 #include "server/model_shape.h"
+#include "server/response_wire.h"
 #include "server/staging.h"
 #include "sparse_decode/v1/decode.pb.h"
 
@@ -139,6 +140,7 @@ class BatcherTest : public ::testing::Test {
     std::string sequence;
     int64_t position = 0;  // 0 creates the sequence
     bool deadline_passed = false;
+    bool no_answer_slot = false;  // DecodeWork::encoded left null (a caller's bug)
     Batcher::SubmitterRun* claim = nullptr;
     // When set, `done` notifies `entered`, then waits for `release` before it returns:
     // it holds the thread that answers it.
@@ -153,14 +155,16 @@ class BatcherTest : public ::testing::Test {
     }
     std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest(spec.sequence, spec.position);
     auto response = std::make_shared<v1::DecodeResponse>();
+    auto encoded = std::make_shared<EncodedResponse>();
     auto record = std::make_shared<Record>();
     DecodeWork work;
     work.request = request.get();
     work.bytes = DecodeTensorBytes::Of(*request);
     work.response = response.get();
+    work.encoded = spec.no_answer_slot ? nullptr : encoded.get();
     work.key = spec.sequence;
     if (spec.deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);
-    work.done = [record, request, response, entered = spec.entered,
+    work.done = [record, request, response, encoded, entered = spec.entered,
                  release = spec.release](const absl::Status& s) {
       record->thread = ThreadName();
       record->status = s;
@@ -296,6 +300,18 @@ TEST_F(BatcherTest, LongSpinsEndOnWorkAndOnStop) {
   const auto stop_start = std::chrono::steady_clock::now();
   batcher_->Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::milliseconds(500));
+}
+
+// A work item without an answer slot is refused INTERNAL, not run or dereferenced; the
+// next one runs.
+TEST_F(BatcherTest, DecodeWithoutAnAnswerSlotIsInternal) {
+  Start(false);
+  std::shared_ptr<Record> bad = SubmitDecodeAt({.sequence = "n", .no_answer_slot = true});
+  Wait(bad);
+  EXPECT_EQ(bad->status.code(), absl::StatusCode::kInternal) << bad->status;
+  std::shared_ptr<Record> good = SubmitDecode("m");
+  Wait(good);
+  EXPECT_TRUE(good->status.ok()) << good->status;
 }
 
 TEST_F(BatcherTest, PrefillAlwaysRunsOnTheExecutorThread) {
@@ -460,6 +476,7 @@ TEST_F(BatcherTest, ThrowingCompletionInAClaimedBatchDoesNotWedgeTheBatcher) {
   ASSERT_TRUE(backend_->cache().CreateSequence("g", 0).ok());
   std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest("g", 0);
   auto response = std::make_shared<v1::DecodeResponse>();
+  auto encoded = std::make_shared<EncodedResponse>();
   std::vector<DecodeWork> works(2);
   works[0].request = request.get();  // expired: answered first, and its `done` throws
   works[0].key = "expired";
@@ -468,6 +485,7 @@ TEST_F(BatcherTest, ThrowingCompletionInAClaimedBatchDoesNotWedgeTheBatcher) {
   auto good = std::make_shared<Record>();
   works[1].request = request.get();
   works[1].response = response.get();
+  works[1].encoded = encoded.get();
   works[1].key = "g";
   works[1].done = [good](const absl::Status& s) {
     good->thread = ThreadName();

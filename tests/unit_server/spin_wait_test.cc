@@ -52,34 +52,36 @@ void Unstick(State* state, std::future<void>* waiter) {
   }
 }
 
-TEST(SpinThenWait, ChangeDuringTheSpinEndsTheWait) {
+// Starts a waiter spinning for `spin`, sets the state `set_after` later (bumping the
+// counter or not) and says whether the wait then ended within `within`.
+bool EndsAfterSet(std::chrono::microseconds spin, milliseconds set_after, bool bump,
+                  milliseconds within) {
   State state;
-  std::future<void> waiter = StartWaiter(&state, std::chrono::seconds(2));
-  std::this_thread::sleep_for(milliseconds(20));  // the waiter spins (2 s)
-  state.Set(/*bump=*/true);                       // its one notification comes now
-  const bool ended = waiter.wait_for(milliseconds(500)) == std::future_status::ready;
+  std::future<void> waiter = StartWaiter(&state, spin);
+  std::this_thread::sleep_for(set_after);
+  state.Set(bump);  // its one notification comes now
+  const bool ended = waiter.wait_for(within) == std::future_status::ready;
   Unstick(&state, &waiter);
-  EXPECT_TRUE(ended) << "a change made during the spin was missed";
+  return ended;
+}
+
+TEST(SpinThenWait, ChangeDuringTheSpinEndsTheWait) {
+  // Set while the waiter spins (2 s).
+  EXPECT_TRUE(
+      EndsAfterSet(std::chrono::seconds(2), milliseconds(20), /*bump=*/true, milliseconds(500)))
+      << "a change made during the spin was missed";
 }
 
 TEST(SpinThenWait, ChangeAfterTheSpinWakesTheSleeper) {
-  State state;
-  std::future<void> waiter = StartWaiter(&state, microseconds(500));
-  std::this_thread::sleep_for(milliseconds(50));  // spin over, asleep
-  state.Set(/*bump=*/true);
-  const bool ended = waiter.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
-  Unstick(&state, &waiter);
-  EXPECT_TRUE(ended);
+  // Spin over after 0.5 ms, asleep when the state is set.
+  EXPECT_TRUE(
+      EndsAfterSet(microseconds(500), milliseconds(50), /*bump=*/true, std::chrono::seconds(2)));
 }
 
 TEST(SpinThenWait, ChangeWithoutABumpIsSeenWhenTheSpinEnds) {
-  State state;
-  std::future<void> waiter = StartWaiter(&state, milliseconds(100));
-  std::this_thread::sleep_for(milliseconds(10));
-  state.Set(/*bump=*/false);  // notified while spinning, counter unchanged
-  const bool ended = waiter.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
-  Unstick(&state, &waiter);
-  EXPECT_TRUE(ended);
+  // Notified while spinning, counter unchanged.
+  EXPECT_TRUE(
+      EndsAfterSet(milliseconds(100), milliseconds(10), /*bump=*/false, std::chrono::seconds(2)));
 }
 
 // A bump whose change leaves the predicate false ends the spin, but not the wait.
@@ -98,13 +100,8 @@ TEST(SpinThenWait, ABumpWithoutTheStateKeepsWaiting) {
 }
 
 TEST(SpinThenWait, NoSpinIsAPlainWait) {
-  State state;
-  std::future<void> waiter = StartWaiter(&state, microseconds(0));
-  std::this_thread::sleep_for(milliseconds(10));
-  state.Set(/*bump=*/false);
-  const bool ended = waiter.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
-  Unstick(&state, &waiter);
-  EXPECT_TRUE(ended);
+  EXPECT_TRUE(
+      EndsAfterSet(microseconds(0), milliseconds(10), /*bump=*/false, std::chrono::seconds(2)));
 }
 
 }  // namespace
