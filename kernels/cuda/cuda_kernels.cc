@@ -99,6 +99,26 @@ bool EnvPdl() {
   return enabled;
 }
 
+// SDS_DECODE_PV_WARP=0|1 (diagnostics): v1 without / with PV warps for G <= 8; -1
+// (unset or any other value) = chosen per launch from the grid size.
+int32_t EnvPvWarp() {
+  static const int32_t pv_warp = [] {
+    const char* v = std::getenv("SDS_DECODE_PV_WARP");
+    if (v == nullptr) return -1;
+    const std::string s(v);
+    return s == "1" ? 1 : s == "0" ? 0 : -1;
+  }();
+  return pv_warp;
+}
+
+// v1's PV-warp choice for `kernel`: forced by kV1Fused / kV1PvWarp, else the
+// environment's (-1: chosen per launch).
+int32_t PvWarp(DecodeKernel kernel) {
+  if (kernel == DecodeKernel::kV1Fused) return 0;
+  if (kernel == DecodeKernel::kV1PvWarp) return 1;
+  return EnvPvWarp();
+}
+
 // SDS_DECODE_V2_HEADS (diagnostics): KV heads per v2 CTA, 0 (unset) = chosen per batch.
 int32_t EnvV2Heads() {
   static const int32_t heads = [] {
@@ -249,7 +269,7 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   }
   if (!v2)
     return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token,
-                                        after_append && EnvPdl(), stream),
+                                        PvWarp(kernel), after_append && EnvPdl(), stream),
                     "sparse decode kernel launch");
   if (absl::Status s = PlanV2(kernel, batch.num_requests, batch.num_q_heads, geo, max_topk,
                               workspace.partial == nullptr ? 0 : workspace.capacity_floats, &p);

@@ -38,13 +38,18 @@ struct DecodeWorkspace {
 // either way). v2: CTA per
 // (request, KV heads group[, 64-index unit]), batch size picks the split (kV2Coarse /
 // kV2Fine force one, for tests and benchmarks).
+// v1 with G <= 8 gives each warp sequence a second warp for its P*V when the grid is
+// small (one wave of 8-warp CTAs), or as SDS_DECODE_PV_WARP=0|1 in the environment says
+// (diagnostics); kV1Fused / kV1PvWarp force one (tests, benchmarks). Same bits.
 enum class DecodeKernel : int32_t {
   kDefault = 0,
   kV1 = 1,
   kV2 = 2,
   kV2Coarse = 3,
   kV2Fine = 4,
-  kV1GlobalMerge = 5
+  kV1GlobalMerge = 5,
+  kV1Fused = 6,
+  kV1PvWarp = 7
 };
 
 // Chunks (CTAs per (request, KV head)) for a list of `topk` indices:

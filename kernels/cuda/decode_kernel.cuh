@@ -1,14 +1,16 @@
 // Sparse top-K GQA decode over the paged FP8 cache, one CTA per (request, KV head,
 // chunk of kDecodeChunkTokens = 512 tokens). Every selected K/V row is copied from HBM into shared
-// memory once (cp.async, a ring of kStages steps per warp) and serves all G query heads of its KV
-// head through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
+// memory once (cp.async, a ring of kStages steps per warp sequence) and serves all G query heads of
+// its KV head through f16 tensor-core MMAs (m16n8k16, f32 accumulate):
 //   QK, G > 8:  S^T[16 heads x 8 tokens] += Q[16 heads x 16 d] * K^T[16 d x 8 tokens]
 //   QK, G <= 8: S[16 tokens x 8 heads]   += K[16 tokens x 16 d] * Q^T[16 d x 8 heads]
 //   PV, G > 8:  O[16 heads x 8 d]    += P[16 heads x 16 tokens] * V[16 tokens x 8 d]
 //   PV, G <= 8: O^T[16 d x 8 heads]  += V^T[16 d x 16 tokens] * P^T[16 tokens x 8 heads]
 // so G <= 8 spends no MMA on padded head rows. The QK accumulator layout is the PV
 // A-operand layout (G > 8); for G <= 8 two movmatrix transposes per 16 tokens turn it
-// into the P^T B-operand layout. P never leaves registers.
+// into the P^T B-operand layout. P stays in registers, except in small grids at G <= 8,
+// where each warp sequence's P*V runs on a second warp (the PV warp) and P^T travels
+// there through shared memory (see SparseDecodeKernel).
 // Online softmax in base 2. In per_token_head mode the V scale is folded into the
 // exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
 // A request with several chunks writes f32 partials, merged in chunk order by chunk 0
@@ -17,7 +19,7 @@
 // with the same operations in the same order, so results are bitwise independent of the
 // batch. The ring depth only sets how far each warp prefetches, never the
 // arithmetic order (deeper rings for small grids measured no faster: bench/RESULTS.md).
-// Prologue: each warp resolves its own tokens (steps warp, warp + W, ...) to cache rows
+// Prologue: each warp sequence resolves its own tokens (steps s, s + W, ...) to cache rows
 // and issues its first cp.async stages before the CTA loads Q, so the Q load and the
 // f16 fragment build overlap the first K/V round trip. Launched with programmatic
 // dependent launch (after the append), the CTA waits for the previous kernel between
@@ -59,12 +61,18 @@ template <int D>
 inline constexpr int kDecodeDefaultStages = D == 256 ? 2
                                                      : (D == 128 ? kDecodeDefaultStagesD128 : 4);
 
-template <int D, int kRows, bool kPerToken, int kStagesT>
+// kPvWarpT: each warp sequence has a second warp that runs its P*V (G <= 8 only; see
+// SparseDecodeKernel). The arithmetic does not depend on it.
+template <int D, int kRows, bool kPerToken, int kStagesT, bool kPvWarpT = false>
 struct DecodeTile {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim");
   static_assert(kRows == 8 || kRows == 16, "group tile");
-  static_assert(kStagesT >= 2, "ring depth");
+  static_assert(kStagesT >= (kPvWarpT ? 3 : 2), "ring depth");
+  static_assert(!kPvWarpT || kRows == 8, "the PV warp needs the transposed PV (G <= 8)");
   static constexpr int kStages = kStagesT;
+  static constexpr bool kPvWarp = kPvWarpT;
+  static constexpr int kWarps = kDecodeWarps * (kPvWarp ? 2 : 1);  // warps per CTA
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowChunks = D / 16;                      // 16-byte pieces of a row
   static constexpr int kStageBytes = 2 * kDecodeStepTokens * D;  // K rows, then V rows
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
@@ -95,10 +103,14 @@ struct DecodeTile {
   static constexpr int kStatsOffset = kPostInRing ? kScratchBytes : kTablesEnd;
   static constexpr int kHeadOffset = kStatsOffset + kStatsBytes;
   static constexpr int kFlagOffset = kHeadOffset + kHeadBytes;
-  static constexpr int kSmemBytes = kPostInRing ? kTablesEnd : kTablesEnd + kPostBytes;
-  // Per-warp max |q| during the prologue: the last ring slot of the last warp, which the
-  // prologue does not fill (it issues stages 0 .. kStages - 2 only).
-  static constexpr int kQMaxOffset = kRingBytes - 16 * kDecodeWarps;
+  // P hand-off (kPvWarp, main loop only): [sequence][lane] 2 x uint4.
+  static constexpr int kPSlotOffset = kPostInRing ? kTablesEnd : kTablesEnd + kPostBytes;
+  static constexpr int kPSlotBytes = kPvWarp ? kDecodeWarps * 32 * 32 : 0;
+  static constexpr int kSmemBytes = kPSlotOffset + kPSlotBytes;
+  // Per-warp max |q| during the prologue: the last ring slot of the last sequence, which
+  // the prologue does not fill (it issues stages 0 .. kStages - 2 only).
+  static constexpr int kQMaxOffset = kRingBytes - 4 * kWarps;
+  static_assert(4 * kWarps <= kStageBytes, "q max slots");
   // Split-K merge factors of the last CTA, [16][chunks] + [16][4] f32, from ring start
   // (the per-warp outputs are consumed by then; kMergeMaxChunks keeps them in the ring
   // and clear of the flag).
@@ -114,7 +126,7 @@ struct DecodeTile {
   static constexpr bool kClusterMergeFits =
       kPostInRing && kClusterStatsOffset + kDecodeMaxGroup * kDecodeStatFloats * 4 <= kRingBytes;
   // Q fragments built per thread (the last round may leave threads idle).
-  static constexpr int kQFragPerThread = (kKSteps * 32 + kDecodeThreads - 1) / kDecodeThreads;
+  static constexpr int kQFragPerThread = (kKSteps * 32 + kThreads - 1) / kThreads;
 
   // Column of (head g, column d) in a row of the per-warp output scratch (G > 8). MMA
   // thread (grp = g % 8, tig) holds columns (2 tig + c) * D/8 + j, which for fixed (c, j) all
@@ -159,8 +171,10 @@ __device__ __forceinline__ void ClusterSyncTwice() {
 // element to finish(g, d, val, max_s, max_u, l). stat(c, g, k): statistic k (0 max_s,
 // 1 max_u, 2 l) of head g in chunk c; part(c, e): element e = g * D + d of chunk c's
 // partial. The global workspace and the cluster's shared memory both go through here, so
-// both give the same bits. cf: [16 * num_chunks + 64] f32 of shared memory.
-template <int D, class Stat, class Part, class Finish>
+// both give the same bits (and so does any kThreads, the CTA's thread count: each element's
+// operations do not depend on which thread runs them). cf: [16 * num_chunks + 64] f32 of
+// shared memory.
+template <int D, int kThreads, class Stat, class Part, class Finish>
 __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, const Stat& stat,
                                             const Part& part, const Finish& finish) {
   const int tid = threadIdx.x;
@@ -185,7 +199,7 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
     hm[g * 4 + 2] = l;
   }
   __syncthreads();
-  for (int e = tid; e < G * D; e += kDecodeThreads) {
+  for (int e = tid; e < G * D; e += kThreads) {
     const int g = e / D, d = e % D;
     float val = 0.0f;
 #pragma unroll 4
@@ -197,18 +211,39 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
 // kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
 // Resident CTAs per SM asked of the register allocator (at most 128 registers) where the
 // head_dim 128 shared memory fits that many: 4 CTAs of 4 warps (per_tensor, and
-// per_token_head at G <= 8) or 2 of 8.
-template <int D, int kRows, bool kPerToken, int kStages>
-inline constexpr int kDecodeMinCtas =
-    D != 128 || kStages != kDecodeDefaultStagesD128 ? SDS_DECODE_MIN_CTAS
-    : kDecodeWarps == 8                             ? 2
-    : !kPerToken || kRows == 8                      ? 4
-                                                    : SDS_DECODE_MIN_CTAS;
+// per_token_head at G <= 8) or 2 of 8. CTAs with PV warps (8 warps, small grids): 2
+// (head_dim 256: 1, which 128 registers would make spill).
+template <int D, int kRows, bool kPerToken, int kStages, bool kPvWarp = false>
+inline constexpr int kDecodeMinCtas = kPvWarp ? (D == 256 ? 1 : 2)
+                                      : D != 128 || kStages != kDecodeDefaultStagesD128
+                                          ? SDS_DECODE_MIN_CTAS
+                                      : kDecodeWarps == 8        ? 2
+                                      : !kPerToken || kRows == 8 ? 4
+                                                                 : SDS_DECODE_MIN_CTAS;
 
-template <int D, int kRows, bool kPerToken, int kStages>
-__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPerToken, kStages>))
+// Named barriers of the PV-warp hand-off, per sequence s: kPFullBarrier + s (P of a step
+// written), kPEmptyBarrier + s (the PV warp is done with it), kSeqBarrier + s (the
+// sequence's rows resolved). 0 is __syncthreads.
+inline constexpr int kPFullBarrier = 1;
+inline constexpr int kPEmptyBarrier = kPFullBarrier + kDecodeWarps;
+inline constexpr int kSeqBarrier = kPEmptyBarrier + kDecodeWarps;
+static_assert(kSeqBarrier + kDecodeWarps <= 16, "named barriers");
+
+// kPvWarp (G <= 8 only): the CTA always runs kDecodeWarps warp sequences (steps s,
+// s + W, ... of the chunk, each with its own online softmax, merged in sequence order).
+// Without a PV warp one warp runs each sequence. With one, the sequence's softmax warp
+// copies K/V, computes QK and the softmax and hands P^T and the rescale factors to the
+// sequence's PV warp through shared memory, which rescales O and runs the P*V MMAs while
+// the softmax warp goes on to the next step. The two warps of a sequence share a
+// scheduler (warps s and s + W), whose issue slots a lone warp leaves mostly idle (Nsight
+// Compute: one warp per scheduler issues every ~4 cycles). Every floating-point
+// operation is the one the lone warp performs, in the same order, so the bits do not
+// depend on kPvWarp, and the launch picks it from the grid size.
+template <int D, int kRows, bool kPerToken, int kStages, bool kPvWarp>
+__global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
+                                  (kDecodeMinCtas<D, kRows, kPerToken, kStages, kPvWarp>))
     SparseDecodeKernel(const __grid_constant__ DecodeParams p) {
-  using T = DecodeTile<D, kRows, kPerToken, kStages>;
+  using T = DecodeTile<D, kRows, kPerToken, kStages, kPvWarp>;
   constexpr int kChunk = kDecodeChunkTokens;
   constexpr int kR = kRows / 8;  // accumulator rows per thread (1 or 2)
   extern __shared__ __align__(128) uint8_t smem[];
@@ -234,6 +269,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   }
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // seq: this warp's sequence (the warp of the 4-warp CTA whose arithmetic it shares);
+  // role 0 / 1: its softmax / PV warp (one warp does both without kPvWarp).
+  const int seq = warp % kDecodeWarps, role = warp / kDecodeWarps;
+  const bool softmax_warp = !kPvWarp || role == 0, pv_warp = !kPvWarp || role == 1;
   const int grp = lane >> 2, tig = lane & 3;
   const int G = p.group;
   const int hkv = p.num_kv_heads;
@@ -246,7 +285,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   float* vl_tab = reinterpret_cast<float*>(smem + T::kVlOffset);
   float* stats = reinterpret_cast<float*>(smem + T::kStatsOffset);
   float* head = reinterpret_cast<float*>(smem + T::kHeadOffset);
-  float* qmax_w = reinterpret_cast<float*>(smem + T::kQMaxOffset);  // [warps], prologue only
+  float* qmax_w = reinterpret_cast<float*>(smem + T::kQMaxOffset);  // [T::kWarps], prologue
   // [kKSteps][32] fragments: uint4 {x, y, z, w} (kRows 16) or uint2 {x, z} (kRows 8).
   uint8_t* qfrag = smem + T::kQFragOffset;
 
@@ -261,15 +300,17 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   const float v_layer = kPerToken ? 1.0f : p.layer_v_scale[layer];
   const int64_t scale_base = static_cast<int64_t>(layer) * p.layer_scales;
   const int num_steps = (count + kDecodeStepTokens - 1) / kDecodeStepTokens;
-  const int my_steps = warp < num_steps ? (num_steps - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-  uint8_t* ring = smem + warp * T::kStages * T::kStageBytes;
+  const int my_steps = seq < num_steps ? (num_steps - seq + kDecodeWarps - 1) / kDecodeWarps : 0;
+  uint8_t* ring = smem + seq * T::kStages * T::kStageBytes;  // this sequence's ring
+
   const int64_t elem_base = static_cast<int64_t>(layer) * p.layer_elements;
   const uint8_t* kbase = p.k + elem_base;  // [P, page_size, Hkv, D] of this layer
   const uint8_t* vbase = p.v + elem_base;
 
-  // Copies step i of this warp (chunk step warp + 4 i) into ring slot i % kStages.
+  // Copies step i of this sequence (chunk step seq + 4 i) into ring slot i % kStages
+  // (the softmax warp's job).
   auto issue = [&](int i) {
-    const int step = warp + kDecodeWarps * i;
+    const int step = seq + kDecodeWarps * i;
     uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
 #pragma unroll
     for (int it = 0; it < T::kRowChunks / 2; ++it) {
@@ -291,13 +332,19 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     const int32_t* list = p.indices + rq.index_offset +
                           (rq.indices_per_kv_head ? static_cast<int64_t>(kvh) * topk : 0) + begin;
     const int32_t* pages = p.page_table + rq.page_table_offset;
-    constexpr int kPer = kChunk / kDecodeThreads;  // tokens per lane
+    // Tokens per lane; the last round may leave lanes idle when a sequence has fewer
+    // tokens than threads (split CTAs in the smaller-chunk experiment builds).
+    constexpr int kSeqTokens = kChunk / kDecodeWarps, kSeqThreads = 32 * (kPvWarp ? 2 : 1);
+    constexpr int kPer = (kSeqTokens + kSeqThreads - 1) / kSeqThreads;
     int idx[kPer], t[kPer], page[kPer];
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
-      const int j = lane + 32 * u;  // j-th token of this warp's steps
-      idx[u] = (warp + kDecodeWarps * (j / kDecodeStepTokens)) * kDecodeStepTokens +
-               j % kDecodeStepTokens;
+      const int j = 32 * role + lane + kSeqThreads * u;  // j-th token of this sequence's steps
+      const bool mine = kSeqTokens % kSeqThreads == 0 || j < kSeqTokens;
+      // Out of range: idx = kChunk, no table entry (the writes below skip it).
+      idx[u] = mine ? (seq + kDecodeWarps * (j / kDecodeStepTokens)) * kDecodeStepTokens +
+                          j % kDecodeStepTokens
+                    : kChunk;
       t[u] = idx[u] < count ? list[idx[u]] : -1;
     }
 #pragma unroll
@@ -306,17 +353,23 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
       row[u] = page[u] >= 0 ? (page[u] * p.page_size + (t[u] & (p.page_size - 1))) * hkv + kvh : -1;
-      rows[idx[u]] = row[u];
+      if (idx[u] < kChunk) rows[idx[u]] = row[u];
     }
     __syncwarp();
+    if (kPvWarp) NamedBarrierSync(kSeqBarrier + seq, 64);  // rows from both of its warps
     // Launched after the batch's append with programmatic dependent launch, the CTA got
     // here (index list, page table: inputs the append does not write) while the append
     // may still be running; the K/V rows and token scales are read only after it is done.
     GridDependencyWait();
+    // Stages in flight ahead of the step being computed: kStages - 1, or kStages - 2 with
+    // a PV warp (which may still read the slot of the previous step).
+    constexpr int kAhead = kPvWarp ? T::kStages - 2 : T::kStages - 1;
+    if (softmax_warp) {
 #pragma unroll
-    for (int i = 0; i < T::kStages - 1; ++i) {
-      if (i < my_steps) issue(i);
-      CpAsyncCommit();
+      for (int i = 0; i < kAhead; ++i) {
+        if (i < my_steps) issue(i);
+        CpAsyncCommit();
+      }
     }
     if constexpr (kPerToken) {
       // kf_tab: k_scale * log2(e) / sqrt(D) (times the power-of-two qinv in the loop, an
@@ -325,6 +378,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
       for (int u = 0; u < kPer; ++u) {
         const float ks = row[u] >= 0 ? p.k_token_scale[scale_base + row[u]] : 0.0f;
         const float vs = row[u] >= 0 ? p.v_token_scale[scale_base + row[u]] : 1.0f;
+        if (idx[u] >= kChunk) continue;
         kf_tab[idx[u]] = ks * p.score_scale_log2;
         vl_tab[idx[u]] = log2f(vs);
       }
@@ -343,7 +397,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     float local_max = 0.0f;
 #pragma unroll
     for (int it = 0; it < T::kQFragPerThread; ++it) {
-      const int e = min(tid + it * kDecodeThreads, T::kKSteps * 32 - 1);
+      const int e = min(tid + it * T::kThreads, T::kKSteps * 32 - 1);
       const int ks = e >> 5, ln = e & 31, g0 = ln >> 2, d0 = (ln & 3) * (D / 4) + 4 * ks;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -364,7 +418,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     __syncthreads();
     float qmax = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) qmax = fmaxf(qmax, qmax_w[w]);
+    for (int w = 0; w < T::kWarps; ++w) qmax = fmaxf(qmax, qmax_w[w]);
     // q * 2^(15 - e) < 2^15 fits f16; scores are scaled back by 2^(e - 15).
     int e2 = 0;
     if (qmax > 0.0f) frexpf(qmax, &e2);
@@ -375,7 +429,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     auto hi = [&](uint32_t w) { return __uint_as_float(w & 0xffff0000u) * qscale; };
 #pragma unroll
     for (int it = 0; it < T::kQFragPerThread; ++it) {
-      const int e = tid + it * kDecodeThreads;
+      const int e = tid + it * T::kThreads;
       if (e >= T::kKSteps * 32) continue;
       const uint2 a = raw[it][0], c = raw[it][1];
       uint4 frag;
@@ -394,7 +448,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   }
   __syncthreads();
 
-  // ---- 3. Main loop: each warp runs its own cp.async ring over steps warp, warp+4, ... ----
+  // ---- 3. Main loop: each sequence runs its own cp.async ring over steps seq, seq+4, ... ----
   const float qinv = qinv_all;
   const float kf_const = kPerToken ? 0.0f : k_layer * p.score_scale_log2 * qinv;
 
@@ -405,6 +459,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   constexpr bool kTransposed = kRows == 8;
   constexpr int kAccTiles = kTransposed ? D / 16 : T::kPvTiles;
   constexpr int kAccRegs = kTransposed ? 4 : 2 * kR;
+  // (Unused in a softmax warp.)
   float o[kAccTiles][kAccRegs];
 #pragma unroll
   for (int j = 0; j < kAccTiles; ++j)
@@ -418,140 +473,183 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
 #pragma unroll
   for (int r = 0; r < kStats; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
 
+  // With a PV warp: the softmax warp hands step i's P^T fragments and rescale factors to
+  // the PV warp through this slot ([sequence][lane] {pa0, pa2, pl0, pl2, alpha 0, 1}).
+  uint4* pslot = reinterpret_cast<uint4*>(smem + T::kPSlotOffset) + 2 * (seq * 32 + lane);
   for (int i = 0; i < my_steps; ++i) {
-    if (i + T::kStages - 1 < my_steps) issue(i + T::kStages - 1);
-    CpAsyncCommit();
-    CpAsyncWait<T::kStages - 1>();
-    __syncwarp();
+    if (!kPvWarp) {
+      if (i + T::kStages - 1 < my_steps) issue(i + T::kStages - 1);
+      CpAsyncCommit();
+      CpAsyncWait<T::kStages - 1>();
+      __syncwarp();
+    } else if (softmax_warp) {
+      // Refills the slot of step i - 2, which the PV warp is done with: the softmax warp
+      // passed its hand-off of step i - 1, which waited for the PV warp's step i - 2.
+      if (i + T::kStages - 2 < my_steps) issue(i + T::kStages - 2);
+      CpAsyncCommit();
+      CpAsyncWait<T::kStages - 2>();
+      __syncwarp();
+    } else {
+      NamedBarrierSync(kPFullBarrier + seq, 64);  // step i's P (and its K/V have landed)
+    }
     const uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
-    const int tok0 = (warp + kDecodeWarps * i) * kDecodeStepTokens;
+    const int tok0 = (seq + kDecodeWarps * i) * kDecodeStepTokens;
 
     // P as f16 words for the PV MMAs, hi + lo (PackHalf2Split): two MMAs per tile keep
     // ~22 bits of each p. G > 8: the A operand P[16 heads x 16 tokens]; G <= 8: the B
     // operand P^T[16 tokens x 8 heads] (pa1, pa3, pl1, pl3 unused).
     uint32_t pa0, pa1 = 0u, pa2, pa3 = 0u, pl0, pl1 = 0u, pl2, pl3 = 0u;
-    // This step's K rows grp (half 0) and grp + 8 (half 1), this lane's d pieces:
-    // kw[half][ks] = the 4 fp8 values of k-step ks, in the d order of the Q fragments.
-    uint32_t kw[2][T::kKSteps];
+    // Rescale factors of this lane's O^T columns (heads 2 tig + e; PV warp only).
+    float alpha_pv[2] = {1.0f, 1.0f};
+    if (softmax_warp) {
+      // This step's K rows grp (half 0) and grp + 8 (half 1), this lane's d pieces:
+      // kw[half][ks] = the 4 fp8 values of k-step ks, in the d order of the Q fragments.
+      uint32_t kw[2][T::kKSteps];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < 2; ++half) {
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
-        const uint4 v = LoadShared16(st + T::Piece(half * 8 + grp, tig * (D / 64) + c));
-        kw[half][4 * c + 0] = v.x;
-        kw[half][4 * c + 1] = v.y;
-        kw[half][4 * c + 2] = v.z;
-        kw[half][4 * c + 3] = v.w;
-      }
-    }
-    if constexpr (kTransposed) {
-      // QK with K as the A operand: S[16 tokens x 8 heads] = K[16 tokens x 16 d] *
-      // Q^T[16 d x 8 heads] per k-step, half the MMAs of Q as the A operand (whose rows
-      // 8..15 would be padding). A: K rows grp, grp + 8, this lane's d pieces (the same
-      // d order as the Q fragments, so the dot products pair up); B: the Q fragment
-      // (head grp). C: c0, c1 = tokens grp x heads 2tig, 2tig + 1; c2, c3 = grp + 8.
-      float sc[4];
-      {
-        // k-step ks into accumulator ks % kDecodeQkChains: shorter dependent MMA chains,
-        // summed in chain order after the last k-step.
-        float acc[kDecodeQkChains][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < T::kKSteps; ++ks) {
-          const uint2 q = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
-          uint32_t k0lo, k0hi, k1lo, k1hi;
-          Fp8x4ToHalf2x2(kw[0][ks], k0lo, k0hi);
-          Fp8x4ToHalf2x2(kw[1][ks], k1lo, k1hi);
-          MmaF16(acc[ks % kDecodeQkChains], k0lo, k1lo, k0hi, k1hi, q.x, q.y);
-        }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          sc[c] = acc[0][c];
-#pragma unroll
-          for (int ch = 1; ch < kDecodeQkChains; ++ch) sc[c] += acc[ch][c];
+        for (int c = 0; c < D / 64; ++c) {
+          const uint4 v = LoadShared16(st + T::Piece(half * 8 + grp, tig * (D / 64) + c));
+          kw[half][4 * c + 0] = v.x;
+          kw[half][4 * c + 1] = v.y;
+          kw[half][4 * c + 2] = v.z;
+          kw[half][4 * c + 3] = v.w;
         }
       }
-      // Tokens grp (row a) and grp + 8 (row b): skipped ones masked, scaled to log2.
-      const int ja = tok0 + grp, jb = tok0 + 8 + grp;
-      const bool valid_a = rows[ja] >= 0, valid_b = rows[jb] >= 0;
-      const float kf_a = kPerToken ? kf_tab[ja] * qinv : kf_const;
-      const float kf_b = kPerToken ? kf_tab[jb] * qinv : kf_const;
-      const float vl_a = kPerToken ? vl_tab[ja] : 0.0f, vl_b = kPerToken ? vl_tab[jb] : 0.0f;
-      float pr[4];  // P (f32) in the C layout: [e] token grp, [2 + e] token grp + 8
+      if constexpr (kTransposed) {
+        // QK with K as the A operand: S[16 tokens x 8 heads] = K[16 tokens x 16 d] *
+        // Q^T[16 d x 8 heads] per k-step, half the MMAs of Q as the A operand (whose rows
+        // 8..15 would be padding). A: K rows grp, grp + 8, this lane's d pieces (the same
+        // d order as the Q fragments, so the dot products pair up); B: the Q fragment
+        // (head grp). C: c0, c1 = tokens grp x heads 2tig, 2tig + 1; c2, c3 = grp + 8.
+        float sc[4];
+        {
+          // k-step ks into accumulator ks % kDecodeQkChains: shorter dependent MMA chains,
+          // summed in chain order after the last k-step.
+          float acc[kDecodeQkChains][4] = {};
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {  // head 2 tig + e
-        const float sa = valid_a ? sc[e] * kf_a : NegInf();
-        const float sb = valid_b ? sc[2 + e] * kf_b : NegInf();
-        // Max over the 16 tokens: this lane's two, then the 8 lanes of this tig.
-        const MaxStep ms = RaiseMax(m_s[e], MaxOverGrpLanes(fmaxf(sa, sb)));
-        const float pa = FastExp2(sa - ms.base), pb = FastExp2(sb - ms.base);
-        l_s[e] = l_s[e] * ms.alpha + (pa + pb);
-        pr[e] = pa;
-        pr[2 + e] = pb;
-        float alpha_o = ms.alpha;
-        if constexpr (kPerToken) {
-          const float ua = sa + vl_a, ub = sb + vl_b;
-          const MaxStep mu = RaiseMax(m_u[e], MaxOverGrpLanes(fmaxf(ua, ub)));
-          alpha_o = mu.alpha;
-          pr[e] = FastExp2(ua - mu.base);
-          pr[2 + e] = FastExp2(ub - mu.base);
-        }
-        // O^T columns are heads 2 tig, 2 tig + 1: this lane's own statistics.
+          for (int ks = 0; ks < T::kKSteps; ++ks) {
+            const uint2 q = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
+            uint32_t k0lo, k0hi, k1lo, k1hi;
+            Fp8x4ToHalf2x2(kw[0][ks], k0lo, k0hi);
+            Fp8x4ToHalf2x2(kw[1][ks], k1lo, k1hi);
+            MmaF16(acc[ks % kDecodeQkChains], k0lo, k1lo, k0hi, k1hi, q.x, q.y);
+          }
 #pragma unroll
-        for (int mt = 0; mt < kAccTiles; ++mt) {
-          o[mt][e] *= alpha_o;
-          o[mt][2 + e] *= alpha_o;
-        }
-      }
-      // [token][head] words -> P^T B fragments (tokens 2tig, 2tig + 1 | + 8, head grp).
-      uint32_t ha, la, hb, lb;
-      PackHalf2Split(pr[0], pr[1], ha, la);
-      PackHalf2Split(pr[2], pr[3], hb, lb);
-      pa0 = TransposeHalf8x8(ha);
-      pl0 = TransposeHalf8x8(la);
-      pa2 = TransposeHalf8x8(hb);
-      pl2 = TransposeHalf8x8(lb);
-    } else {
-      // QK^T for tokens tok0 + nt * 8 + n (n = grp holds the K row in the B operand).
-      float s[2][4] = {};
-      {
-        // One accumulator chain per n-tile: a split like G <= 8's would cost registers
-        // that G > 8 cannot spare (bench/RESULTS.md).
+          for (int c = 0; c < 4; ++c) {
+            sc[c] = acc[0][c];
 #pragma unroll
-        for (int ks = 0; ks < T::kKSteps; ++ks) {
-          const uint4 a = reinterpret_cast<const uint4*>(qfrag)[ks * 32 + lane];
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            uint32_t b0, b1;
-            Fp8x4ToHalf2x2(kw[nt][ks], b0, b1);
-            MmaF16(s[nt], a.x, a.y, a.z, a.w, b0, b1);
+            for (int ch = 1; ch < kDecodeQkChains; ++ch) sc[c] += acc[ch][c];
           }
         }
-      }
-
-      // Scale to log2 units, mask skipped tokens, online softmax per head row.
-      float kf[2][2], vl[2][2];
-      bool valid[2][2];
-      LoadTokenColumns<kPerToken>(rows, kf_tab, vl_tab, tok0 + 2 * tig, qinv, kf_const, valid, kf,
-                                  vl);
-      float pr[2][4];  // P (f32) in the QK accumulator layout
+        // Tokens grp (row a) and grp + 8 (row b): skipped ones masked, scaled to log2.
+        const int ja = tok0 + grp, jb = tok0 + 8 + grp;
+        const bool valid_a = rows[ja] >= 0, valid_b = rows[jb] >= 0;
+        const float kf_a = kPerToken ? kf_tab[ja] * qinv : kf_const;
+        const float kf_b = kPerToken ? kf_tab[jb] * qinv : kf_const;
+        const float vl_a = kPerToken ? vl_tab[ja] : 0.0f, vl_b = kPerToken ? vl_tab[jb] : 0.0f;
+        float pr[4];  // P (f32) in the C layout: [e] token grp, [2 + e] token grp + 8
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const float alpha_o =
-            SoftmaxRowStep<kPerToken>(s, r, valid, kf, vl, m_s[r], m_u[r], l_s[r], pr);
+        for (int e = 0; e < 2; ++e) {  // head 2 tig + e
+          const float sa = valid_a ? sc[e] * kf_a : NegInf();
+          const float sb = valid_b ? sc[2 + e] * kf_b : NegInf();
+          // Max over the 16 tokens: this lane's two, then the 8 lanes of this tig.
+          const MaxStep ms = RaiseMax(m_s[e], MaxOverGrpLanes(fmaxf(sa, sb)));
+          const float pa = FastExp2(sa - ms.base), pb = FastExp2(sb - ms.base);
+          l_s[e] = l_s[e] * ms.alpha + (pa + pb);
+          pr[e] = pa;
+          pr[2 + e] = pb;
+          float alpha_o = ms.alpha;
+          if constexpr (kPerToken) {
+            const float ua = sa + vl_a, ub = sb + vl_b;
+            const MaxStep mu = RaiseMax(m_u[e], MaxOverGrpLanes(fmaxf(ua, ub)));
+            alpha_o = mu.alpha;
+            pr[e] = FastExp2(ua - mu.base);
+            pr[2 + e] = FastExp2(ub - mu.base);
+          }
+          // O^T columns are heads 2 tig, 2 tig + 1: this lane's own statistics (with a
+          // PV warp, that warp rescales them with the same factor).
+          alpha_pv[e] = alpha_o;
+          if constexpr (!kPvWarp) {
 #pragma unroll
-        for (int j = 0; j < T::kPvTiles; ++j) {
-          o[j][2 * r] *= alpha_o;
-          o[j][2 * r + 1] *= alpha_o;
+            for (int mt = 0; mt < kAccTiles; ++mt) {
+              o[mt][e] *= alpha_o;
+              o[mt][2 + e] *= alpha_o;
+            }
+          }
         }
+        // [token][head] words -> P^T B fragments (tokens 2tig, 2tig + 1 | + 8, head grp).
+        uint32_t ha, la, hb, lb;
+        PackHalf2Split(pr[0], pr[1], ha, la);
+        PackHalf2Split(pr[2], pr[3], hb, lb);
+        pa0 = TransposeHalf8x8(ha);
+        pl0 = TransposeHalf8x8(la);
+        pa2 = TransposeHalf8x8(hb);
+        pl2 = TransposeHalf8x8(lb);
+      } else {
+        // QK^T for tokens tok0 + nt * 8 + n (n = grp holds the K row in the B operand).
+        float s[2][4] = {};
+        {
+          // One accumulator chain per n-tile: a split like G <= 8's would cost registers
+          // that G > 8 cannot spare (bench/RESULTS.md).
+#pragma unroll
+          for (int ks = 0; ks < T::kKSteps; ++ks) {
+            const uint4 a = reinterpret_cast<const uint4*>(qfrag)[ks * 32 + lane];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              uint32_t b0, b1;
+              Fp8x4ToHalf2x2(kw[nt][ks], b0, b1);
+              MmaF16(s[nt], a.x, a.y, a.z, a.w, b0, b1);
+            }
+          }
+        }
+
+        // Scale to log2 units, mask skipped tokens, online softmax per head row.
+        float kf[2][2], vl[2][2];
+        bool valid[2][2];
+        LoadTokenColumns<kPerToken>(rows, kf_tab, vl_tab, tok0 + 2 * tig, qinv, kf_const, valid, kf,
+                                    vl);
+        float pr[2][4];  // P (f32) in the QK accumulator layout
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const float alpha_o =
+              SoftmaxRowStep<kPerToken>(s, r, valid, kf, vl, m_s[r], m_u[r], l_s[r], pr);
+#pragma unroll
+          for (int j = 0; j < T::kPvTiles; ++j) {
+            o[j][2 * r] *= alpha_o;
+            o[j][2 * r + 1] *= alpha_o;
+          }
+        }
+        PackHalf2Split(pr[0][0], pr[0][1], pa0, pl0);
+        PackHalf2Split(pr[1][0], pr[1][1], pa2, pl2);
+        PackHalf2Split(pr[0][2], pr[0][3], pa1, pl1);
+        PackHalf2Split(pr[1][2], pr[1][3], pa3, pl3);
       }
-      PackHalf2Split(pr[0][0], pr[0][1], pa0, pl0);
-      PackHalf2Split(pr[1][0], pr[1][1], pa2, pl2);
-      PackHalf2Split(pr[0][2], pr[0][3], pa1, pl1);
-      PackHalf2Split(pr[1][2], pr[1][3], pa3, pl3);
-    }
+      if constexpr (kPvWarp) {
+        // Hand step i to the PV warp once it is done with step i - 1 (and its slot).
+        if (i > 0) NamedBarrierSync(kPEmptyBarrier + seq, 64);
+        pslot[0] = make_uint4(pa0, pa2, pl0, pl2);
+        pslot[1] = make_uint4(__float_as_uint(alpha_pv[0]), __float_as_uint(alpha_pv[1]), 0u, 0u);
+        NamedBarrierArrive(kPFullBarrier + seq, 64);
+      }
+    }  // softmax_warp
 
     // PV: thread (grp, tig) feeds V rows 2tig, 2tig+1, 2tig+8, 2tig+9 at d = grp*D/8 + j.
-    {
+    if (pv_warp) {
+      if constexpr (kPvWarp) {
+        // The softmax warp's P^T fragments and factors of step i; the rescale is the
+        // multiplication the fused warp does in its softmax.
+        const uint4 pw = pslot[0], aw = pslot[1];
+        pa0 = pw.x, pa2 = pw.y, pl0 = pw.z, pl2 = pw.w;
+        alpha_pv[0] = __uint_as_float(aw.x), alpha_pv[1] = __uint_as_float(aw.y);
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int mt = 0; mt < kAccTiles; ++mt) {
+            o[mt][e] *= alpha_pv[e];
+            o[mt][2 + e] *= alpha_pv[e];
+          }
+      }
       const uint8_t* vs = st + kDecodeStepTokens * D;
       constexpr int kWords = D / 32;  // 32-bit words per thread per row
       uint32_t w[4][kWords];
@@ -600,12 +698,15 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
           }
         }
       }
+      if constexpr (kPvWarp) NamedBarrierArrive(kPEmptyBarrier + seq, 64);  // slot, ring free
     }
     __syncwarp();
   }
+  // The PV warp's last hand-back has no next step to wait for it: take it here.
+  if (kPvWarp && softmax_warp && my_steps > 0) NamedBarrierSync(kPEmptyBarrier + seq, 64);
   CpAsyncWait<0>();
 
-  // ---- 4. Merge the 4 warps (fixed order) through shared memory. ----
+  // ---- 4. Merge the 4 sequences (fixed order) through shared memory. ----
   // l: the sum over the lanes that hold a head's other tokens (G > 8: the 4 tig lanes;
   // G <= 8: the 8 grp lanes).
 #pragma unroll
@@ -621,22 +722,23 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     if constexpr (!kPerToken) m_u[r] = m_s[r];
   }
   __syncthreads();  // every warp is done with the ring: reuse it as scratch
-  // [warps][G][D], columns at T::OutColT (G <= 8) or T::OutCol (G > 8).
+  // [sequences][G][D], columns at T::OutColT (G <= 8) or T::OutCol (G > 8). The warps of
+  // With PV warps: the PV warp writes the outputs, the softmax warp the statistics.
   float* ow = reinterpret_cast<float*>(smem);
   if constexpr (kTransposed) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int g = 2 * tig + e;
       if (g < G) {
-        float* dst = ow + (warp * G + g) * D;
+        float* dst = ow + (seq * G + g) * D;
 #pragma unroll
-        for (int mt = 0; mt < kAccTiles; ++mt) {
+        for (int mt = 0; mt < kAccTiles && pv_warp; ++mt) {
           const int d = grp * (D / 8) + 2 * mt;
           dst[T::OutColT(g, d)] = o[mt][e];
           dst[T::OutColT(g, d + 1)] = o[mt][2 + e];
         }
-        if (grp == 0) {
-          float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
+        if (grp == 0 && softmax_warp) {
+          float* sp = stats + (seq * kDecodeMaxGroup + g) * 4;
           sp[0] = m_s[e];
           sp[1] = m_u[e];
           sp[2] = l_s[e];
@@ -649,14 +751,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     for (int r = 0; r < kR; ++r) {
       const int g = grp + 8 * r;
       if (g < G) {
-        float* dst = ow + (warp * G + g) * D;
+        float* dst = ow + (seq * G + g) * D;
 #pragma unroll
         for (int j = 0; j < T::kPvTiles; ++j) {
           dst[T::OutCol(g, 2 * tig * (D / 8) + j)] = o[j][2 * r];
           dst[T::OutCol(g, (2 * tig + 1) * (D / 8) + j)] = o[j][2 * r + 1];
         }
         if (tig == 0) {
-          float* sp = stats + (warp * kDecodeMaxGroup + g) * 4;
+          float* sp = stats + (seq * kDecodeMaxGroup + g) * 4;
           sp[0] = m_s[r];
           sp[1] = m_u[r];
           sp[2] = l_s[r];
@@ -711,7 +813,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   };
 
   if (num_chunks == 1) {
-    for (int e = tid; e < G * D; e += kDecodeThreads) {
+    for (int e = tid; e < G * D; e += T::kThreads) {
       const int g = e / D, d = e % D;
       const float* hp = head + g * (4 + kDecodeWarps);
       finish(g, d, chunk_value(g, d), hp[0], hp[1], hp[2]);
@@ -735,7 +837,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     part_out = po + static_cast<int64_t>(chunk) * G * D;
     stat_out = ps + chunk * G * kDecodeStatFloats;
   }
-  for (int e = tid; e < G * D; e += kDecodeThreads) part_out[e] = chunk_value(e / D, e % D);
+  for (int e = tid; e < G * D; e += T::kThreads) part_out[e] = chunk_value(e / D, e % D);
   if (tid < G) {
     const float* hp = head + tid * (4 + kDecodeWarps);
     float* sp = stat_out + tid * kDecodeStatFloats;
@@ -752,7 +854,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
     if (chunk == 0) {
       const float* cpo = reinterpret_cast<const float*>(smem + T::kClusterPartialOffset);
       const float* cps = reinterpret_cast<const float*>(smem + T::kClusterStatsOffset);
-      MergeChunks<D>(
+      MergeChunks<D, T::kThreads>(
           cf, num_chunks, G,
           [&](int c, int g, int k) {
             return cluster.map_shared_rank(cps, c)[g * kDecodeStatFloats + k];
@@ -769,7 +871,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinCtas<D, kRows, kPer
   __syncthreads();
   if (!*last_flag) return;
   __threadfence();
-  MergeChunks<D>(
+  MergeChunks<D, T::kThreads>(
       cf, num_chunks, G,
       [&](int c, int g, int k) { return __ldcg(ps + (c * G + g) * kDecodeStatFloats + k); },
       [&](int c, int e) { return __ldcg(po + static_cast<int64_t>(c) * G * D + e); }, finish);

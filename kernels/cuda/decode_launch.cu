@@ -13,20 +13,26 @@ struct KernelConfig {
   int sms = 0;
 };
 
-template <int D, int kRows, bool kPerToken>
+// Ring depth of an instance: one stage more with PV warps, whose softmax warp keeps
+// kStages - 2 in flight (the PV warp may still read the slot of the previous step).
+template <int D, bool kPvWarp>
+inline constexpr int kLaunchStages = kDecodeDefaultStages<D> + (kPvWarp ? 1 : 0);
+
+template <int D, int kRows, bool kPerToken, bool kPvWarp>
 const KernelConfig& Configure() {
   static const KernelConfig config = [] {
-    constexpr int kStages = kDecodeDefaultStages<D>;
-    constexpr int kSmem = DecodeTile<D, kRows, kPerToken, kStages>::kSmemBytes;
-    auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages>;
+    constexpr int kStages = kLaunchStages<D, kPvWarp>;
+    using T = DecodeTile<D, kRows, kPerToken, kStages, kPvWarp>;
+    constexpr int kSmem = T::kSmemBytes;
+    auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp>;
     KernelConfig c;
     c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (c.error != cudaSuccess) return c;
     c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    static_cast<int>(cudaSharedmemCarveoutMaxShared));
     if (c.error != cudaSuccess) return c;
-    c.error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, kernel, kDecodeThreads,
-                                                            kSmem);
+    c.error =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, kernel, T::kThreads, kSmem);
     if (c.error != cudaSuccess) return c;
     int device = 0;
     c.error = cudaGetDevice(&device);
@@ -37,12 +43,13 @@ const KernelConfig& Configure() {
   return config;
 }
 
-template <int D, int kRows, bool kPerToken>
+template <int D, int kRows, bool kPerToken, bool kPvWarp>
 cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStream_t stream) {
-  constexpr int kStages = kDecodeDefaultStages<D>;
-  constexpr int kSmem = DecodeTile<D, kRows, kPerToken, kStages>::kSmemBytes;
-  auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages>;
-  const KernelConfig& config = Configure<D, kRows, kPerToken>();
+  constexpr int kStages = kLaunchStages<D, kPvWarp>;
+  using T = DecodeTile<D, kRows, kPerToken, kStages, kPvWarp>;
+  constexpr int kSmem = T::kSmemBytes;
+  auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp>;
+  const KernelConfig& config = Configure<D, kRows, kPerToken, kPvWarp>();
   if (config.error != cudaSuccess) return config.error;
   const dim3 grid(params.num_kv_heads, params.max_chunks, num_requests);
   // Split requests merge over distributed shared memory where the instance fits it, a
@@ -51,12 +58,11 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   // from 17.9 to 17.0 us but 64 x 2048 from 96 to 108 us and 8 requests from 25.3 to
   // 25.8 (clusters constrain where CTAs run): bench/RESULTS.md. Same bits either way.
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  params.cluster_merge = params.cluster_merge &&
-                         DecodeTile<D, kRows, kPerToken, kStages>::kClusterMergeFits &&
-                         params.max_chunks >= 2 && params.max_chunks <= 8 && ctas <= config.sms;
+  params.cluster_merge = params.cluster_merge && T::kClusterMergeFits && params.max_chunks >= 2 &&
+                         params.max_chunks <= 8 && ctas <= config.sms;
   cudaLaunchConfig_t launch = {};
   launch.gridDim = grid;
-  launch.blockDim = dim3(kDecodeThreads);
+  launch.blockDim = dim3(T::kThreads);
   launch.dynamicSmemBytes = kSmem;
   launch.stream = stream;
   cudaLaunchAttribute attrs[2];
@@ -93,16 +99,32 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   return launch_plain();
 }
 
-template <int D>
-cudaError_t LaunchForDim(const DecodeParams& params, int32_t num_requests, bool per_token, bool pdl,
+// G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). pv_warp 0 / 1
+// forces one; -1 picks PV warps when the grid fits their CTAs in one wave (small
+// batches, where a lone warp per scheduler leaves most issue slots idle).
+template <int D, bool kPerToken>
+cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, int pv_warp, bool pdl,
                          cudaStream_t stream) {
-  const bool wide = params.group > 8;
-  if (per_token) {
-    return wide ? Launch<D, 16, true>(params, num_requests, pdl, stream)
-                : Launch<D, 8, true>(params, num_requests, pdl, stream);
+  if (pv_warp < 0) {
+    const KernelConfig& c = Configure<D, 8, kPerToken, true>();
+    if (c.error != cudaSuccess) return c.error;
+    const int64_t ctas =
+        static_cast<int64_t>(params.num_kv_heads) * params.max_chunks * num_requests;
+    pv_warp = ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm ? 1 : 0;
   }
-  return wide ? Launch<D, 16, false>(params, num_requests, pdl, stream)
-              : Launch<D, 8, false>(params, num_requests, pdl, stream);
+  return pv_warp == 1 ? Launch<D, 8, kPerToken, true>(params, num_requests, pdl, stream)
+                      : Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
+}
+
+template <int D>
+cudaError_t LaunchForDim(const DecodeParams& params, int32_t num_requests, bool per_token,
+                         int pv_warp, bool pdl, cudaStream_t stream) {
+  if (params.group > 8) {  // no PV warps: that P*V layout has P as the A operand
+    return per_token ? Launch<D, 16, true, false>(params, num_requests, pdl, stream)
+                     : Launch<D, 16, false, false>(params, num_requests, pdl, stream);
+  }
+  return per_token ? LaunchNarrow<D, true>(params, num_requests, pv_warp, pdl, stream)
+                   : LaunchNarrow<D, false>(params, num_requests, pv_warp, pdl, stream);
 }
 
 }  // namespace
@@ -111,22 +133,23 @@ cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head
   *blocks = 0;
   if (head_dim != 128) return cudaErrorInvalidValue;
   const bool wide = group > 8;
-  const KernelConfig& c = per_token_head
-                              ? (wide ? Configure<128, 16, true>() : Configure<128, 8, true>())
-                              : (wide ? Configure<128, 16, false>() : Configure<128, 8, false>());
+  const KernelConfig& c =
+      per_token_head
+          ? (wide ? Configure<128, 16, true, false>() : Configure<128, 8, true, false>())
+          : (wide ? Configure<128, 16, false, false>() : Configure<128, 8, false, false>());
   *blocks = c.ctas_per_sm;
   return c.error;
 }
 
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
-                                bool per_token_head, bool pdl, cudaStream_t stream) {
+                                bool per_token_head, int pv_warp, bool pdl, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return LaunchForDim<64>(params, num_requests, per_token_head, pdl, stream);
+      return LaunchForDim<64>(params, num_requests, per_token_head, pv_warp, pdl, stream);
     case 128:
-      return LaunchForDim<128>(params, num_requests, per_token_head, pdl, stream);
+      return LaunchForDim<128>(params, num_requests, per_token_head, pv_warp, pdl, stream);
     case 256:
-      return LaunchForDim<256>(params, num_requests, per_token_head, pdl, stream);
+      return LaunchForDim<256>(params, num_requests, per_token_head, pv_warp, pdl, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -12,11 +12,12 @@
 namespace sds::cuda {
 
 // Enqueues the sparse decode kernel: grid (Hkv, max_chunks, B). head_dim 64/128/256,
-// group 1..16 (checked by the caller). pdl: with programmatic stream serialization (the
-// CTAs may start before the previous kernel of the stream ends). Returns the launch's
-// error.
+// group 1..16 (checked by the caller). pv_warp (G <= 8; ignored above): 1 / 0 with or
+// without a PV warp per warp sequence, -1 to pick from the grid size (same bits).
+// pdl: with programmatic stream serialization (the CTAs may start before the previous
+// kernel of the stream ends). Returns the launch's error.
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
-                                bool per_token_head, bool pdl, cudaStream_t stream);
+                                bool per_token_head, int pv_warp, bool pdl, cudaStream_t stream);
 
 // Enqueues the v2 decode kernel (decode_v2_kernel.cuh): grid (fine ? max_units : 1,
 // Hkv / heads_per_cta, B), then, when fine and max_units > 1, the merge kernel (Hkv, B).

@@ -262,6 +262,50 @@ TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
   }
 }
 
+// v1 with G <= 8 runs each warp sequence's P*V on a second warp when the grid is small:
+// the same bits as one warp per sequence, at every head_dim, in both scale modes and
+// index forms, for lists of one and several chunks (cluster and global merges), with -1
+// and duplicates, both within 2 ulps of the reference.
+TEST(DecodePvWarp, SameBitsAsOneWarpPerSequence) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  for (const Config c : {Config{32, 8, 128, 16, ScaleMode::kPerTensor, false},
+                         Config{32, 8, 128, 16, ScaleMode::kPerTokenHead, true},
+                         Config{8, 4, 64, 64, ScaleMode::kPerTensor, true},
+                         Config{8, 2, 256, 16, ScaleMode::kPerTokenHead, false},
+                         Config{8, 1, 128, 64, ScaleMode::kPerTokenHead, true},
+                         Config{56, 8, 128, 16, ScaleMode::kPerTensor, false},
+                         Config{12, 4, 64, 16, ScaleMode::kPerTokenHead, true},
+                         Config{4, 4, 256, 64, ScaleMode::kPerTensor, true},
+                         Config{10, 2, 64, 16, ScaleMode::kPerTensor, false}}) {
+    SCOPED_TRACE(testing::Message() << c.hq << "/" << c.hkv << " D" << c.d << " page " << c.page
+                                    << " mode " << static_cast<int>(c.mode));
+    const std::vector<int32_t> lengths = {5000, 700, 2500, 90, c.page + 3};
+    TestCache cache = BuildCache(2, c.hkv, c.d, c.page, c.mode, lengths, 4321 + c.hq + c.d);
+    const int topks[] = {2048, 1, 16, 100, 513, 0, 1500, 19};
+    for (int n : {1, 3, 8}) {
+      std::vector<RequestSpec> specs;
+      for (int i = 0; i < n; ++i)
+        specs.push_back(RequestSpec{i % 5, (i + 1) % 2, topks[i], c.per_kv && i % 2 == 0,
+                                    static_cast<uint32_t>(60 + i + 10 * n)});
+      TestBatch batch = BuildBatch(cache, c.hq, specs);
+      std::vector<uint16_t> out[2];
+      std::vector<float> lse[2];
+      const DecodeKernel kernels[2] = {DecodeKernel::kV1Fused, DecodeKernel::kV1PvWarp};
+      for (int k = 0; k < 2; ++k) {
+        RunGpuDecode(cache, batch, true, &out[k], &lse[k], kernels[k]);
+        for (int b = 0; b < n; ++b)
+          EXPECT_EQ("", CompareWithReference(cache, batch, b, out[k], lse[k], 2.0))
+              << KernelName(kernels[k]) << ", " << n << " requests, request " << b;
+      }
+      ASSERT_EQ(out[0].size(), out[1].size());
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 2))
+          << n << " requests";
+      EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * 4))
+          << "lse, " << n << " requests";
+    }
+  }
+}
+
 // v1 takes the per-request scalars (top-K, layer, offsets, index form) of batches of at
 // most DecodeInlineRequests() requests from its launch parameters when the caller passes
 // the host copies: within 2 ulps of the reference and the same bits as reading them from

@@ -282,6 +282,10 @@ std::string KernelName(cuda::DecodeKernel kernel) {
       return "v2fine";
     case cuda::DecodeKernel::kV1GlobalMerge:
       return "v1global";
+    case cuda::DecodeKernel::kV1Fused:
+      return "v1fused";
+    case cuda::DecodeKernel::kV1PvWarp:
+      return "v1pvwarp";
     default:
       return "default";
   }
