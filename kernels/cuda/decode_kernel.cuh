@@ -167,17 +167,41 @@ __device__ __forceinline__ void ClusterSyncTwice() {
   cooperative_groups::this_cluster().sync();
 }
 
+// Elements e = tid + k * kThreads (k < kDecodeFinishPer) of the G x D outputs that
+// thread tid finishes (G <= kRows).
+template <int D, int kRows, int kThreads>
+inline constexpr int kDecodeFinishPer = (kRows * D + kThreads - 1) / kThreads;
+
+// Gate bits (bf16) of this thread's finish elements e = tid + k * kThreads of [G, D]
+// `gate` (the heads of one KV head), loaded at once so that one round trip serves all.
+template <int D, int kRows, int kThreads>
+__device__ __forceinline__ void LoadFinishGates(
+    const uint16_t* gate, int G, uint16_t (&bits)[kDecodeFinishPer<D, kRows, kThreads>]) {
+#pragma unroll
+  for (int k = 0; k < kDecodeFinishPer<D, kRows, kThreads>; ++k) {
+    const int e = threadIdx.x + k * kThreads;
+    bits[k] = e < G * D ? gate[e] : uint16_t{0};
+  }
+}
+
 // Merges the chunk partials of one (request, KV head) in chunk order and hands each
-// element to finish(g, d, val, max_s, max_u, l). stat(c, g, k): statistic k (0 max_s,
-// 1 max_u, 2 l) of head g in chunk c; part(c, e): element e = g * D + d of chunk c's
-// partial. The global workspace and the cluster's shared memory both go through here, so
-// both give the same bits (and so does any kThreads, the CTA's thread count: each element's
-// operations do not depend on which thread runs them). cf: [16 * num_chunks + 64] f32 of
-// shared memory.
-template <int D, int kThreads, class Stat, class Part, class Finish>
+// element to finish(g, d, val, gate_bits, max_s, max_u, l). stat(c, g, k): statistic k (0
+// max_s, 1 max_u, 2 l) of head g in chunk c; part(c, e): element e = g * D + d of chunk
+// c's partial; gate: [G, D] bf16 bits of these heads. The global workspace and the
+// cluster's shared memory both go through here, so both give the same bits (and so does
+// any kThreads, the CTA's thread count: each element's operations do not depend on which
+// thread runs them). Every load of a phase is issued before any result is used (gates
+// with the statistics; each chunk's partials for all of the thread's elements at once),
+// so the merge costs a few round trips, not one per element. cf: [16 * num_chunks + 64]
+// f32 of shared memory.
+template <int D, int kRows, int kThreads, class Stat, class Part, class Finish>
 __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, const Stat& stat,
-                                            const Part& part, const Finish& finish) {
+                                            const Part& part, const uint16_t* gate,
+                                            const Finish& finish) {
+  constexpr int kPer = kDecodeFinishPer<D, kRows, kThreads>;
   const int tid = threadIdx.x;
+  uint16_t gate_bits[kPer];
+  LoadFinishGates<D, kRows, kThreads>(gate, G, gate_bits);
   float* hm = cf + kDecodeMaxGroup * num_chunks;  // [G][4]: ms, mu, l
   if (tid < G) {
     const int g = tid;
@@ -199,12 +223,23 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
     hm[g * 4 + 2] = l;
   }
   __syncthreads();
-  for (int e = tid; e < G * D; e += kThreads) {
-    const int g = e / D, d = e % D;
-    float val = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < num_chunks; ++c) val += part(c, e) * cf[g * num_chunks + c];
-    finish(g, d, val, hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);
+  // val[k] of element e_k: the sum over chunks in chunk order (chunks outermost, so one
+  // chunk's loads for all k are in flight together).
+  float val[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) val[k] = 0.0f;
+  for (int c = 0; c < num_chunks; ++c) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int e = tid + k * kThreads;
+      if (e < G * D) val[k] += part(c, e) * cf[(e / D) * num_chunks + c];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int e = tid + k * kThreads, g = e / D;
+    if (e < G * D)
+      finish(g, e % D, val[k], gate_bits[k], hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);
   }
 }
 
@@ -792,11 +827,12 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   __syncthreads();
 
   // Writes the gated bf16 output and lse of head g from merged (unnormalised) values.
-  auto finish = [&](int g, int d, float val, float ms, float mu, float l) {
+  // gate_bits: p.gate at the same element.
+  auto finish = [&](int g, int d, float val, uint16_t gate_bits, float ms, float mu, float l) {
     float res = 0.0f;
     if (l > 0.0f) res = val * (FastExp2(mu - ms) * v_layer / l);
     const int64_t at = (head0 + g) * D + d;
-    const float gate = __uint_as_float(static_cast<uint32_t>(p.gate[at]) << 16);
+    const float gate = __uint_as_float(static_cast<uint32_t>(gate_bits) << 16);
     p.out[at] = __bfloat16_as_ushort(__float2bfloat16_rn(res * Sigmoid(gate)));
     if (d == 0 && p.lse != nullptr)
       p.lse[head0 + g] = l > 0.0f ? (ms + log2f(l)) * 0.69314718055994531f : NegInf();
@@ -813,10 +849,14 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   };
 
   if (num_chunks == 1) {
-    for (int e = tid; e < G * D; e += T::kThreads) {
-      const int g = e / D, d = e % D;
+    uint16_t gate_bits[kDecodeFinishPer<D, kRows, T::kThreads>];
+    LoadFinishGates<D, kRows, T::kThreads>(p.gate + head0 * D, G, gate_bits);
+#pragma unroll
+    for (int k = 0; k < kDecodeFinishPer<D, kRows, T::kThreads>; ++k) {
+      const int e = tid + k * T::kThreads, g = e / D;
+      if (e >= G * D) break;
       const float* hp = head + g * (4 + kDecodeWarps);
-      finish(g, d, chunk_value(g, d), hp[0], hp[1], hp[2]);
+      finish(g, e % D, chunk_value(g, e % D), gate_bits[k], hp[0], hp[1], hp[2]);
     }
     if (cluster_merge) ClusterSyncTwice();
     return;
@@ -854,12 +894,13 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     if (chunk == 0) {
       const float* cpo = reinterpret_cast<const float*>(smem + T::kClusterPartialOffset);
       const float* cps = reinterpret_cast<const float*>(smem + T::kClusterStatsOffset);
-      MergeChunks<D, T::kThreads>(
+      MergeChunks<D, kRows, T::kThreads>(
           cf, num_chunks, G,
           [&](int c, int g, int k) {
             return cluster.map_shared_rank(cps, c)[g * kDecodeStatFloats + k];
           },
-          [&](int c, int e) { return cluster.map_shared_rank(cpo, c)[e]; }, finish);
+          [&](int c, int e) { return cluster.map_shared_rank(cpo, c)[e]; }, p.gate + head0 * D,
+          finish);
     }
     cluster.sync();  // chunk 0 is done reading: the other CTAs may exit
     return;
@@ -871,10 +912,11 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   __syncthreads();
   if (!*last_flag) return;
   __threadfence();
-  MergeChunks<D, T::kThreads>(
+  MergeChunks<D, kRows, T::kThreads>(
       cf, num_chunks, G,
       [&](int c, int g, int k) { return __ldcg(ps + (c * G + g) * kDecodeStatFloats + k); },
-      [&](int c, int e) { return __ldcg(po + static_cast<int64_t>(c) * G * D + e); }, finish);
+      [&](int c, int e) { return __ldcg(po + static_cast<int64_t>(c) * G * D + e); },
+      p.gate + head0 * D, finish);
   if (tid == 0) p.counters[pair] = 0;
 }
 
