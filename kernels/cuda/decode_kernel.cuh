@@ -167,40 +167,74 @@ __device__ __forceinline__ void ClusterSyncTwice() {
   cooperative_groups::this_cluster().sync();
 }
 
-// Elements e = tid + k * kThreads (k < kDecodeFinishPer) of the G x D outputs that
-// thread tid finishes (G <= kRows).
+// Outputs are finished in groups of kDecodeFinishWidth consecutive elements of one head
+// (D % 4 == 0): group q = tid + k * kThreads (k < kDecodeFinishGroups) holds elements
+// W q .. W q + W - 1 of the G x D outputs of one KV head (G <= kRows), so each load moves
+// W floats (partials) or W bf16 (gates) at once. W = 4 for 128-thread CTAs, 2 for the
+// 256 threads of PV-warp CTAs: at G = 4, D = 128 one group per thread either way (the
+// per-element finish is long: wider groups would leave threads idle).
+template <int kThreads>
+inline constexpr int kDecodeFinishWidth = kThreads >= 256 ? 2 : 4;
 template <int D, int kRows, int kThreads>
-inline constexpr int kDecodeFinishPer = (kRows * D + kThreads - 1) / kThreads;
+inline constexpr int kDecodeFinishGroups =
+    (kRows * D / kDecodeFinishWidth<kThreads> + kThreads - 1) / kThreads;
 
-// Gate bits (bf16) of this thread's finish elements e = tid + k * kThreads of [G, D]
-// `gate` (the heads of one KV head), loaded at once so that one round trip serves all.
+// W floats of a partial (float4 or float2) and W bf16 gates (uint2 or one word).
+template <int W>
+struct FinishVec {
+  using Floats = float4;
+  using Gates = uint2;
+};
+template <>
+struct FinishVec<2> {
+  using Floats = float2;
+  using Gates = uint32_t;
+};
+template <int W>
+__device__ __forceinline__ float VecElem(const typename FinishVec<W>::Floats& v, int j) {
+  return reinterpret_cast<const float*>(&v)[j];
+}
+template <int W>
+__device__ __forceinline__ uint16_t GateBits(const typename FinishVec<W>::Gates& g, int j) {
+  const uint32_t w = reinterpret_cast<const uint32_t*>(&g)[j >> 1];
+  return static_cast<uint16_t>((j & 1) ? w >> 16 : w & 0xffffu);
+}
+
+// Gate bits of this thread's finish groups of [G, D] `gate` (the heads of one KV head,
+// 8-byte aligned), loaded at once so that one round trip serves all.
 template <int D, int kRows, int kThreads>
 __device__ __forceinline__ void LoadFinishGates(
-    const uint16_t* gate, int G, uint16_t (&bits)[kDecodeFinishPer<D, kRows, kThreads>]) {
+    const uint16_t* gate, int G,
+    typename FinishVec<kDecodeFinishWidth<kThreads>>::Gates (
+        &bits)[kDecodeFinishGroups<D, kRows, kThreads>]) {
+  constexpr int W = kDecodeFinishWidth<kThreads>;
+  using Gates = typename FinishVec<W>::Gates;
 #pragma unroll
-  for (int k = 0; k < kDecodeFinishPer<D, kRows, kThreads>; ++k) {
-    const int e = threadIdx.x + k * kThreads;
-    bits[k] = e < G * D ? gate[e] : uint16_t{0};
+  for (int k = 0; k < kDecodeFinishGroups<D, kRows, kThreads>; ++k) {
+    const int q = threadIdx.x + k * kThreads;
+    bits[k] = W * q < G * D ? reinterpret_cast<const Gates*>(gate)[q] : Gates{};
   }
 }
 
 // Merges the chunk partials of one (request, KV head) in chunk order and hands each
 // element to finish(g, d, val, gate_bits, max_s, max_u, l). stat(c, g, k): statistic k (0
-// max_s, 1 max_u, 2 l) of head g in chunk c; part(c, e): element e = g * D + d of chunk
-// c's partial; gate: [G, D] bf16 bits of these heads. The global workspace and the
-// cluster's shared memory both go through here, so both give the same bits (and so does
-// any kThreads, the CTA's thread count: each element's operations do not depend on which
-// thread runs them). Every load of a phase is issued before any result is used (gates
-// with the statistics; each chunk's partials for all of the thread's elements at once),
-// so the merge costs a few round trips, not one per element. cf: [16 * num_chunks + 64]
-// f32 of shared memory.
+// max_s, 1 max_u, 2 l) of head g in chunk c; part(c, q): elements W q .. W q + W - 1
+// (e = g * D + d) of chunk c's partial (FinishVec<W>::Floats); gate: [G, D] bf16 bits
+// of these heads. The
+// global workspace and the cluster's shared memory both go through here, so both give
+// the same bits (and so does any kThreads, the CTA's thread count: each element's
+// operations do not depend on which thread runs them). Every load of a phase is issued
+// before any result is used (gates with the statistics; the partials of four chunks for
+// all of the thread's groups at once), so the merge costs a few round trips, not one per
+// element. cf: [16 * num_chunks + 64] f32 of shared memory.
 template <int D, int kRows, int kThreads, class Stat, class Part, class Finish>
 __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, const Stat& stat,
                                             const Part& part, const uint16_t* gate,
                                             const Finish& finish) {
-  constexpr int kPer = kDecodeFinishPer<D, kRows, kThreads>;
+  constexpr int kGroups = kDecodeFinishGroups<D, kRows, kThreads>;
+  constexpr int W = kDecodeFinishWidth<kThreads>;
   const int tid = threadIdx.x;
-  uint16_t gate_bits[kPer];
+  typename FinishVec<W>::Gates gate_bits[kGroups];
   LoadFinishGates<D, kRows, kThreads>(gate, G, gate_bits);
   float* hm = cf + kDecodeMaxGroup * num_chunks;  // [G][4]: ms, mu, l
   if (tid < G) {
@@ -223,23 +257,33 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
     hm[g * 4 + 2] = l;
   }
   __syncthreads();
-  // val[k] of element e_k: the sum over chunks in chunk order (chunks outermost, so one
-  // chunk's loads for all k are in flight together).
-  float val[kPer];
+  // val[k][j] of element W q_k + j: the sum over chunks in chunk order (chunks outermost,
+  // so the loads of several chunks for all groups are in flight together).
+  float val[kGroups][W];
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) val[k] = 0.0f;
+  for (int k = 0; k < kGroups; ++k)
+#pragma unroll
+    for (int j = 0; j < W; ++j) val[k][j] = 0.0f;
+#pragma unroll 4
   for (int c = 0; c < num_chunks; ++c) {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int e = tid + k * kThreads;
-      if (e < G * D) val[k] += part(c, e) * cf[(e / D) * num_chunks + c];
+    for (int k = 0; k < kGroups; ++k) {
+      const int q = tid + k * kThreads;
+      if (W * q >= G * D) continue;
+      const typename FinishVec<W>::Floats v = part(c, q);
+      const float f = cf[(W * q / D) * num_chunks + c];
+#pragma unroll
+      for (int j = 0; j < W; ++j) val[k][j] += VecElem<W>(v, j) * f;
     }
   }
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int e = tid + k * kThreads, g = e / D;
-    if (e < G * D)
-      finish(g, e % D, val[k], gate_bits[k], hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);
+  for (int k = 0; k < kGroups; ++k) {
+    const int q = tid + k * kThreads, g = W * q / D;
+    if (W * q >= G * D) continue;
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      finish(g, (W * q + j) % D, val[k][j], GateBits<W>(gate_bits[k], j), hm[g * 4 + 0],
+             hm[g * 4 + 1], hm[g * 4 + 2]);
   }
 }
 
@@ -849,14 +893,19 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   };
 
   if (num_chunks == 1) {
-    uint16_t gate_bits[kDecodeFinishPer<D, kRows, T::kThreads>];
+    constexpr int W = kDecodeFinishWidth<T::kThreads>;
+    typename FinishVec<W>::Gates gate_bits[kDecodeFinishGroups<D, kRows, T::kThreads>];
     LoadFinishGates<D, kRows, T::kThreads>(p.gate + head0 * D, G, gate_bits);
 #pragma unroll
-    for (int k = 0; k < kDecodeFinishPer<D, kRows, T::kThreads>; ++k) {
-      const int e = tid + k * T::kThreads, g = e / D;
-      if (e >= G * D) break;
+    for (int k = 0; k < kDecodeFinishGroups<D, kRows, T::kThreads>; ++k) {
+      const int q = tid + k * T::kThreads, g = W * q / D;
+      if (W * q >= G * D) break;
       const float* hp = head + g * (4 + kDecodeWarps);
-      finish(g, e % D, chunk_value(g, e % D), gate_bits[k], hp[0], hp[1], hp[2]);
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const int d = (W * q + j) % D;
+        finish(g, d, chunk_value(g, d), GateBits<W>(gate_bits[k], j), hp[0], hp[1], hp[2]);
+      }
     }
     if (cluster_merge) ClusterSyncTwice();
     return;
@@ -899,8 +948,11 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
           [&](int c, int g, int k) {
             return cluster.map_shared_rank(cps, c)[g * kDecodeStatFloats + k];
           },
-          [&](int c, int e) { return cluster.map_shared_rank(cpo, c)[e]; }, p.gate + head0 * D,
-          finish);
+          [&](int c, int q) {
+            using Floats = typename FinishVec<kDecodeFinishWidth<T::kThreads>>::Floats;
+            return reinterpret_cast<const Floats*>(cluster.map_shared_rank(cpo, c))[q];
+          },
+          p.gate + head0 * D, finish);
     }
     cluster.sync();  // chunk 0 is done reading: the other CTAs may exit
     return;
@@ -915,7 +967,10 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   MergeChunks<D, kRows, T::kThreads>(
       cf, num_chunks, G,
       [&](int c, int g, int k) { return __ldcg(ps + (c * G + g) * kDecodeStatFloats + k); },
-      [&](int c, int e) { return __ldcg(po + static_cast<int64_t>(c) * G * D + e); },
+      [&](int c, int q) {
+        using Floats = typename FinishVec<kDecodeFinishWidth<T::kThreads>>::Floats;
+        return __ldcg(reinterpret_cast<const Floats*>(po + static_cast<int64_t>(c) * G * D) + q);
+      },
       p.gate + head0 * D, finish);
   if (tid == 0) p.counters[pair] = 0;
 }
