@@ -103,9 +103,9 @@ struct DecodeTile {
   static constexpr int kStatsOffset = kPostInRing ? kScratchBytes : kTablesEnd;
   static constexpr int kHeadOffset = kStatsOffset + kStatsBytes;
   static constexpr int kFlagOffset = kHeadOffset + kHeadBytes;
-  // P hand-off (kPvWarp, main loop only): [sequence][lane] 2 x uint4.
+  // P hand-off (kPvWarp, main loop only): [sequence][step parity][lane] 2 x uint4.
   static constexpr int kPSlotOffset = kPostInRing ? kTablesEnd : kTablesEnd + kPostBytes;
-  static constexpr int kPSlotBytes = kPvWarp ? kDecodeWarps * 32 * 32 : 0;
+  static constexpr int kPSlotBytes = kPvWarp ? kDecodeWarps * 2 * 32 * 32 : 0;
   static constexpr int kSmemBytes = kPSlotOffset + kPSlotBytes;
   // Per-warp max |q| during the prologue: the last ring slot of the last sequence, which
   // the prologue does not fill (it issues stages 0 .. kStages - 2 only).
@@ -300,12 +300,10 @@ inline constexpr int kDecodeMinCtas = kPvWarp ? (D == 256 ? 1 : 2)
                                       : !kPerToken || kRows == 8 ? 4
                                                                  : SDS_DECODE_MIN_CTAS;
 
-// Named barriers of the PV-warp hand-off, per sequence s: kPFullBarrier + s (P of a step
-// written), kPEmptyBarrier + s (the PV warp is done with it), kSeqBarrier + s (the
-// sequence's rows resolved). 0 is __syncthreads.
-inline constexpr int kPFullBarrier = 1;
-inline constexpr int kPEmptyBarrier = kPFullBarrier + kDecodeWarps;
-inline constexpr int kSeqBarrier = kPEmptyBarrier + kDecodeWarps;
+// Named barriers of a sequence s's two warps (PV warps only): kHandOffBarrier + s (once
+// per step), kSeqBarrier + s (the sequence's rows resolved). 0 is __syncthreads.
+inline constexpr int kHandOffBarrier = 1;
+inline constexpr int kSeqBarrier = kHandOffBarrier + kDecodeWarps;
 static_assert(kSeqBarrier + kDecodeWarps <= 16, "named barriers");
 
 // kPvWarp (G <= 8 only): the CTA always runs kDecodeWarps warp sequences (steps s,
@@ -313,11 +311,14 @@ static_assert(kSeqBarrier + kDecodeWarps <= 16, "named barriers");
 // Without a PV warp one warp runs each sequence. With one, the sequence's softmax warp
 // copies K/V, computes QK and the softmax and hands P^T and the rescale factors to the
 // sequence's PV warp through shared memory, which rescales O and runs the P*V MMAs while
-// the softmax warp goes on to the next step. The two warps of a sequence share a
-// scheduler (warps s and s + W), whose issue slots a lone warp leaves mostly idle (Nsight
-// Compute: one warp per scheduler issues every ~4 cycles). Every floating-point
-// operation is the one the lone warp performs, in the same order, so the bits do not
-// depend on kPvWarp, and the launch picks it from the grid size.
+// the softmax warp goes on to the next step. The hand-off of step i is one barrier that
+// both warps sync on: the softmax warp has written step i's slot (two slots, by step
+// parity) and the PV warp is done with step i - 1 (its slot and ring stage). The two
+// warps of a sequence share a scheduler (warps s and s + W), whose issue slots a lone
+// warp leaves mostly idle (Nsight Compute: one warp per scheduler issues every ~4
+// cycles). Every floating-point operation is the one the lone warp performs, in the same
+// order, so the bits do not depend on kPvWarp, and the launch picks it from the grid
+// size.
 template <int D, int kRows, bool kPerToken, int kStages, bool kPvWarp>
 __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
                                   (kDecodeMinCtas<D, kRows, kPerToken, kStages, kPvWarp>))
@@ -553,8 +554,11 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   for (int r = 0; r < kStats; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
 
   // With a PV warp: the softmax warp hands step i's P^T fragments and rescale factors to
-  // the PV warp through this slot ([sequence][lane] {pa0, pa2, pl0, pl2, alpha 0, 1}).
-  uint4* pslot = reinterpret_cast<uint4*>(smem + T::kPSlotOffset) + 2 * (seq * 32 + lane);
+  // the PV warp through slot i % 2 ([sequence][parity][lane] {pa0, pa2, pl0, pl2, alpha 0,
+  // 1}); the slot of step i - 2 is free once the PV warp has passed the hand-off of i - 1.
+  auto pslot = [&](int i) {
+    return reinterpret_cast<uint4*>(smem + T::kPSlotOffset) + 2 * ((seq * 2 + (i & 1)) * 32 + lane);
+  };
   for (int i = 0; i < my_steps; ++i) {
     if (!kPvWarp) {
       if (i + T::kStages - 1 < my_steps) issue(i + T::kStages - 1);
@@ -562,14 +566,14 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       CpAsyncWait<T::kStages - 1>();
       __syncwarp();
     } else if (softmax_warp) {
-      // Refills the slot of step i - 2, which the PV warp is done with: the softmax warp
-      // passed its hand-off of step i - 1, which waited for the PV warp's step i - 2.
+      // Refills the ring slot of step i - 2, which the PV warp is done with: it finished
+      // step i - 2 before the hand-off of step i - 1, which this warp has passed.
       if (i + T::kStages - 2 < my_steps) issue(i + T::kStages - 2);
       CpAsyncCommit();
       CpAsyncWait<T::kStages - 2>();
       __syncwarp();
     } else {
-      NamedBarrierSync(kPFullBarrier + seq, 64);  // step i's P (and its K/V have landed)
+      NamedBarrierSync(kHandOffBarrier + seq, 64);  // step i's P (and its K/V have landed)
     }
     const uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
     const int tok0 = (seq + kDecodeWarps * i) * kDecodeStepTokens;
@@ -705,11 +709,11 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
         PackHalf2Split(pr[1][2], pr[1][3], pa3, pl3);
       }
       if constexpr (kPvWarp) {
-        // Hand step i to the PV warp once it is done with step i - 1 (and its slot).
-        if (i > 0) NamedBarrierSync(kPEmptyBarrier + seq, 64);
-        pslot[0] = make_uint4(pa0, pa2, pl0, pl2);
-        pslot[1] = make_uint4(__float_as_uint(alpha_pv[0]), __float_as_uint(alpha_pv[1]), 0u, 0u);
-        NamedBarrierArrive(kPFullBarrier + seq, 64);
+        // Hand step i to the PV warp (which waits there once done with step i - 1).
+        uint4* slot = pslot(i);
+        slot[0] = make_uint4(pa0, pa2, pl0, pl2);
+        slot[1] = make_uint4(__float_as_uint(alpha_pv[0]), __float_as_uint(alpha_pv[1]), 0u, 0u);
+        NamedBarrierSync(kHandOffBarrier + seq, 64);
       }
     }  // softmax_warp
 
@@ -718,7 +722,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       if constexpr (kPvWarp) {
         // The softmax warp's P^T fragments and factors of step i; the rescale is the
         // multiplication the fused warp does in its softmax.
-        const uint4 pw = pslot[0], aw = pslot[1];
+        const uint4 pw = pslot(i)[0], aw = pslot(i)[1];
         pa0 = pw.x, pa2 = pw.y, pl0 = pw.z, pl2 = pw.w;
         alpha_pv[0] = __uint_as_float(aw.x), alpha_pv[1] = __uint_as_float(aw.y);
 #pragma unroll
@@ -777,12 +781,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
           }
         }
       }
-      if constexpr (kPvWarp) NamedBarrierArrive(kPEmptyBarrier + seq, 64);  // slot, ring free
     }
     __syncwarp();
   }
-  // The PV warp's last hand-back has no next step to wait for it: take it here.
-  if (kPvWarp && softmax_warp && my_steps > 0) NamedBarrierSync(kPEmptyBarrier + seq, 64);
   CpAsyncWait<0>();
 
   // ---- 4. Merge the 4 sequences (fixed order) through shared memory. ----

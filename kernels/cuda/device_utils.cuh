@@ -106,10 +106,5 @@ __device__ __forceinline__ uint4 LoadShared16(const uint8_t* ptr) {
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Arrives at named barrier `id` without waiting (a producer's signal to the warps that
-// bar.sync on it; this warp's prior shared-memory writes are visible to them then).
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 }  // namespace sds::cuda
