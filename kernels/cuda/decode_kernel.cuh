@@ -53,7 +53,8 @@ namespace sds::cuda {
 inline constexpr int kDecodeQkChains = SDS_DECODE_QK_CHAINS;
 static_assert(kDecodeQkChains == 1 || kDecodeQkChains == 2 || kDecodeQkChains == 4, "QK chains");
 
-// cp.async ring depth per warp for head_dim 128: 3 stages fit 4 CTAs per SM, which
+// cp.async ring depth per warp sequence for head_dim 128 (one warp per sequence; PV-warp
+// CTAs take one more): 3 stages fit 4 CTAs per SM, which
 // measured 5% faster than 4 stages and 3 CTAs per SM on the H200 (bench/RESULTS.md).
 inline constexpr int kDecodeDefaultStagesD128 = 3;
 // Ring depth of head_dim D (the kernel takes it as a template argument).
@@ -83,19 +84,20 @@ struct DecodeTile {
   static constexpr int kQFragWords = kRows == 16 ? 4 : 2;
   static constexpr int kQFragBytes = kKSteps * 32 * kQFragWords * 4;
   static constexpr int kTableBytes = kDecodeChunkTokens * 4;
-  // Shared memory map (bytes). It fits 4 CTAs per SM at head_dim 128 and G <= 8 in both
-  // scale modes (57344 bytes per CTA plus the 1 KB the driver reserves: 228 KB per SM).
+  // Shared memory map (bytes). Without PV warps it fits 4 CTAs per SM at head_dim 128 and
+  // G <= 8 in both scale modes (57344 bytes per CTA plus the 1 KB the driver reserves:
+  // 228 KB per SM); PV-warp CTAs (a deeper ring and the P slots) fit 2.
   // uint2/uint4 [kKSteps][32]: the f16 Q fragments of the QK MMAs.
   static constexpr int kQFragOffset = kRingBytes;
   static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;               // int32 [chunk]
   static constexpr int kKfOffset = kRowsOffset + kTableBytes;                  // float [chunk]
   static constexpr int kVlOffset = kKfOffset + (kPerToken ? kTableBytes : 0);  // float [chunk]
   static constexpr int kTablesEnd = kVlOffset + (kPerToken ? kTableBytes : 0);
-  // After the main loop the ring is scratch: [warps][G <= kRows][D] f32 per-warp outputs,
+  // After the main loop the ring is scratch: [sequences][G <= kRows][D] f32 outputs,
   // then (where they fit) the merge statistics, which otherwise follow the tables.
   static constexpr int kScratchBytes = kDecodeWarps * kRows * D * 4;
   static_assert(kScratchBytes <= kRingBytes, "scratch");
-  static constexpr int kStatsBytes = kDecodeWarps * kDecodeMaxGroup * 4 * 4;   // [warp][16][4]
+  static constexpr int kStatsBytes = kDecodeWarps * kDecodeMaxGroup * 4 * 4;   // [seq][16][4]
   static constexpr int kHeadBytes = kDecodeMaxGroup * (4 + kDecodeWarps) * 4;  // [16][4 + W]
   static constexpr int kFlagBytes = 16;  // the last-CTA flag (int)
   static constexpr int kPostBytes = kStatsBytes + kHeadBytes + kFlagBytes;
@@ -112,7 +114,7 @@ struct DecodeTile {
   static constexpr int kQMaxOffset = kRingBytes - 4 * kWarps;
   static_assert(4 * kWarps <= kStageBytes, "q max slots");
   // Split-K merge factors of the last CTA, [16][chunks] + [16][4] f32, from ring start
-  // (the per-warp outputs are consumed by then; kMergeMaxChunks keeps them in the ring
+  // (the sequences' outputs are consumed by then; kMergeMaxChunks keeps them in the ring
   // and clear of the flag).
   static constexpr int kMergeMaxChunks =
       ((kPostInRing ? kFlagOffset : kRingBytes) / 4 - kDecodeMaxGroup * 4) / kDecodeMaxGroup;
@@ -301,10 +303,10 @@ inline constexpr int kDecodeMinCtas = kPvWarp ? (D == 256 ? 1 : 2)
                                                                  : SDS_DECODE_MIN_CTAS;
 
 // Named barriers of a sequence s's two warps (PV warps only): kHandOffBarrier + s (once
-// per step), kSeqBarrier + s (the sequence's rows resolved). 0 is __syncthreads.
+// per step), kSeqBarrier + s (the sequence's rows resolved). 0 is __syncthreads. (The
+// launch uses PV warps only with 4 sequences: see LaunchNarrow.)
 inline constexpr int kHandOffBarrier = 1;
 inline constexpr int kSeqBarrier = kHandOffBarrier + kDecodeWarps;
-static_assert(kSeqBarrier + kDecodeWarps <= 16, "named barriers");
 
 // kPvWarp (G <= 8 only): the CTA always runs kDecodeWarps warp sequences (steps s,
 // s + W, ... of the chunk, each with its own online softmax, merged in sequence order).
@@ -324,6 +326,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
                                   (kDecodeMinCtas<D, kRows, kPerToken, kStages, kPvWarp>))
     SparseDecodeKernel(const __grid_constant__ DecodeParams p) {
   using T = DecodeTile<D, kRows, kPerToken, kStages, kPvWarp>;
+  static_assert(!kPvWarp || kSeqBarrier + kDecodeWarps <= 16, "named barriers");
   constexpr int kChunk = kDecodeChunkTokens;
   constexpr int kR = kRows / 8;  // accumulator rows per thread (1 or 2)
   extern __shared__ __align__(128) uint8_t smem[];
@@ -802,8 +805,8 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     if constexpr (!kPerToken) m_u[r] = m_s[r];
   }
   __syncthreads();  // every warp is done with the ring: reuse it as scratch
-  // [sequences][G][D], columns at T::OutColT (G <= 8) or T::OutCol (G > 8). The warps of
-  // With PV warps: the PV warp writes the outputs, the softmax warp the statistics.
+  // [sequences][G][D], columns at T::OutColT (G <= 8) or T::OutCol (G > 8). With PV
+  // warps, a sequence's PV warp writes its outputs and its softmax warp the statistics.
   float* ow = reinterpret_cast<float*>(smem);
   if constexpr (kTransposed) {
 #pragma unroll
@@ -847,7 +850,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     }
   }
   __syncthreads();
-  // head[g]: {max_s, max_u, l, unused, factor of warp 0..3}
+  // head[g]: {max_s, max_u, l, unused, factor of sequence 0..3}
   if (tid < G) {
     const int g = tid;
     float ms = NegInf(), mu = NegInf();
@@ -883,7 +886,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       p.lse[head0 + g] = l > 0.0f ? (ms + log2f(l)) * 0.69314718055994531f : NegInf();
   };
 
-  // This chunk's value of element e = g * D + d: the warps' outputs in warp order.
+  // This chunk's value of element e = g * D + d: the sequences' outputs in sequence order.
   auto chunk_value = [&](int g, int d) {
     const float* hp = head + g * (4 + kDecodeWarps);
     float val = 0.0f;
@@ -936,7 +939,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     sp[2] = hp[2];
     sp[3] = 0.0f;
   }
-  // Merge factors of the merging CTA at ring start (the per-warp outputs are consumed).
+  // Merge factors of the merging CTA at ring start (the sequences' outputs are consumed).
   float* cf = reinterpret_cast<float*>(smem);
   if (cluster_merge) {
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();

@@ -101,19 +101,25 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
 
 // G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). pv_warp 0 / 1
 // forces one; -1 picks PV warps when the grid fits their CTAs in one wave (small
-// batches, where a lone warp per scheduler leaves most issue slots idle).
+// batches, where a lone warp per scheduler leaves most issue slots idle). Builds with 8
+// warp sequences (-DSDS_DECODE_WARPS=8, an experiment) have no PV warps: twice as many
+// warps would cap registers at 64 and need more named barriers than there are.
 template <int D, bool kPerToken>
 cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, int pv_warp, bool pdl,
                          cudaStream_t stream) {
-  if (pv_warp < 0) {
-    const KernelConfig& c = Configure<D, 8, kPerToken, true>();
-    if (c.error != cudaSuccess) return c.error;
-    const int64_t ctas =
-        static_cast<int64_t>(params.num_kv_heads) * params.max_chunks * num_requests;
-    pv_warp = ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm ? 1 : 0;
+  if constexpr (kDecodeWarps != 4) {
+    return Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
+  } else {
+    if (pv_warp < 0) {
+      const KernelConfig& c = Configure<D, 8, kPerToken, true>();
+      if (c.error != cudaSuccess) return c.error;
+      const int64_t ctas =
+          static_cast<int64_t>(params.num_kv_heads) * params.max_chunks * num_requests;
+      pv_warp = ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm ? 1 : 0;
+    }
+    return pv_warp == 1 ? Launch<D, 8, kPerToken, true>(params, num_requests, pdl, stream)
+                        : Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
   }
-  return pv_warp == 1 ? Launch<D, 8, kPerToken, true>(params, num_requests, pdl, stream)
-                      : Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
 }
 
 template <int D>
