@@ -15,9 +15,10 @@ namespace sds::cuda {
 #define SDS_DECODE_CHUNK_TOKENS 512
 #endif
 inline constexpr int kDecodeChunkTokens = SDS_DECODE_CHUNK_TOKENS;
-// Warps per CTA. Each warp runs its own online softmax over steps warp, warp + W, ... of
-// the chunk and the CTA merges the W warps in a fixed order, so W is part of the
-// arithmetic: it is fixed at build time, never chosen per launch.
+// Warp sequences per CTA (one warp each; two in the PV-warp CTAs of small grids). Each
+// sequence runs its own online softmax over steps s, s + W, ... of the chunk and the CTA
+// merges the W sequences in a fixed order, so W is part of the arithmetic: it is fixed
+// at build time, never chosen per launch.
 #ifndef SDS_DECODE_WARPS
 #define SDS_DECODE_WARPS 4
 #endif
