@@ -325,6 +325,7 @@ bool Batcher::ClaimForSubmitterLocked(SubmitterRun* claim) {
   Ready& ready = claim->ready_;
   if (!TakeBatchLocked(Clock::now(), &ready.decodes, &claim->expired_, &wait_until)) return false;
   claim->batcher_ = this;  // at least the expired requests are to be answered
+  ++claims_in_flight_;
   if (ready.decodes.empty()) return false;
   ready.buffer = free_buffers_.back();
   free_buffers_.pop_back();
@@ -335,6 +336,22 @@ bool Batcher::ClaimForSubmitterLocked(SubmitterRun* claim) {
 }
 
 void Batcher::RunClaimed(SubmitterRun* claim) {
+  // ClaimDone on every way out, exceptions included: Stop waits for it.
+  struct Done {
+    Batcher* batcher;
+    ~Done() { batcher->ClaimDone(); }
+  } done{this};
+  RunClaimedUnit(claim);
+}
+
+void Batcher::ClaimDone() {
+  // Notified under the lock: Stop may destroy the batcher once it has the lock back.
+  std::lock_guard<std::mutex> lock(pipe_mu_);
+  --claims_in_flight_;
+  buffer_cv_.notify_all();
+}
+
+void Batcher::RunClaimedUnit(SubmitterRun* claim) {
   AnswerAll(claim->expired_, Expired());
   Completed(static_cast<int64_t>(claim->expired_.size()));
   claim->expired_.clear();
@@ -493,6 +510,7 @@ void Batcher::ReleaseUnit(Ready& ready, int64_t items) {
     }
   }
   Completed(items);
+  if (options_.after_unit_release_for_test) options_.after_unit_release_for_test();
 }
 
 bool Batcher::Drain(Clock::time_point deadline) {
@@ -523,9 +541,10 @@ void Batcher::Stop() {
     assembler_.join();
     executor_thread_.join();
   }
-  // A unit running on a submitting thread still uses the executor and a staging buffer.
+  // A unit running on a submitting thread still uses the executor and a staging buffer,
+  // and its thread the batcher until its run is done (ClaimDone).
   std::unique_lock<std::mutex> lock(pipe_mu_);
-  buffer_cv_.wait(lock, [&] { return !executor_running_; });
+  buffer_cv_.wait(lock, [&] { return !executor_running_ && claims_in_flight_ == 0; });
 }
 
 }  // namespace sds::server

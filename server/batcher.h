@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -59,6 +60,9 @@ struct BatcherOptions {
   // How long the assembler and executor threads spin for new work before they sleep
   // (spin_wait.h); 0 = sleep at once.
   std::chrono::microseconds idle_spin{0};
+  // Tests only: called by the releasing thread as the last step of every unit's release
+  // (its staging buffer free, its items counted as completed).
+  std::function<void()> after_unit_release_for_test;
 };
 
 class Batcher {
@@ -153,8 +157,12 @@ class Batcher {
   // executor marked running.
   // Expired requests it took are answered by `claim`'s run as well.
   bool ClaimForSubmitterLocked(SubmitterRun* claim);
-  // Answers the expired requests, fills the staging rows and runs the batch.
+  // Answers the expired requests, fills the staging rows and runs the batch; then the
+  // claim is done with this batcher (ClaimDone).
   void RunClaimed(SubmitterRun* claim);
+  void RunClaimedUnit(SubmitterRun* claim);
+  // The last touch of a claim's run: claims_in_flight_ down, Stop woken.
+  void ClaimDone();
   // Copies every request's tensors of `ready` into its staging buffer rows: on the fill
   // pool for batches of at least 16 requests when no other fill holds it, else on this
   // thread. FillRow copies bytes only, so neither way throws.
@@ -188,6 +196,9 @@ class Batcher {
   std::vector<int> free_buffers_;
   std::deque<Ready> ready_;
   bool executor_running_ = false;  // a unit is running (on any thread)
+  // Claims whose submitting thread has yet to finish running them (their runs still
+  // touch this batcher after the unit is released); Stop waits for 0.
+  int claims_in_flight_ = 0;
   // The assembler took work from the queue and has not yet run or handed it over
   // (set under queue_mu_, cleared under pipe_mu_; read under both).
   bool assembler_holding_ = false;

@@ -52,7 +52,7 @@ void DecodeStreamReactor::Call::CreateMessages() {
 void DecodeStreamReactor::Call::Reset() {
   received.Clear();
   wire.Clear();
-  bytes = {};
+  bytes.Clear();
   encoded = EncodedResponse{};
   reply.Clear();
   arena.Reset();  // frees any extra blocks, keeps the first

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -91,6 +92,12 @@ class TensorBytes {
 // The tensor bytes of one DecodeRequest (shapes and dtypes stay in the message).
 struct DecodeTensorBytes {
   TensorBytes q, k, v, gate, indices;
+
+  // Every view empty. (Assigning `{}` instead makes GCC 12 warn about the inlined
+  // storage of the temporary, a false -Wuninitialized.)
+  void Clear() {
+    for (TensorBytes* t : {&q, &k, &v, &gate, &indices}) t->Clear();
+  }
 
   // Views of the request's own data fields (the request must outlive them).
   static DecodeTensorBytes Of(const sparse_decode::v1::DecodeRequest& request) {

@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -119,6 +120,7 @@ class BatcherTest : public ::testing::Test {
     options.eager = true;
     options.run_on_submitter = run_on_submitter;
     options.idle_spin = idle_spin;
+    options.after_unit_release_for_test = after_unit_release_;
     batcher_ = std::make_unique<Batcher>(options, executor_.get(), std::move(staging));
     batcher_->Start();
   }
@@ -126,6 +128,9 @@ class BatcherTest : public ::testing::Test {
   void TearDown() override {
     if (batcher_) batcher_->Stop();
   }
+
+  // BatcherOptions::after_unit_release_for_test of the next Start.
+  std::function<void()> after_unit_release_;
 
   // A decode at position 0 of a fresh sequence (attending to itself); it finishes in
   // the returned record. `deadline_passed`: the queue answers it DEADLINE_EXCEEDED.
@@ -394,6 +399,41 @@ TEST_F(BatcherTest, RunOnSubmitterNeverRunsBesideAnotherUnit) {
   Wait(decode);
   EXPECT_TRUE(decode->status.ok()) << decode->status;
   EXPECT_EQ(decode->thread, "sds-executor");
+}
+
+// Stop waits until a claimed batch's submitting thread is done with the batcher, not
+// only until its unit has given the executor back: the batcher may be destroyed as soon
+// as Stop returns. The submitter is held at the very end of its unit's release.
+TEST_F(BatcherTest, StopWaitsForAClaimedRunToLeaveTheBatcher) {
+  absl::Notification in_release, leave_release;
+  after_unit_release_ = [&] {
+    if (ThreadName() != "test-submitter") return;
+    in_release.Notify();
+    leave_release.WaitForNotificationWithTimeout(kWait);
+  };
+  Start(/*run_on_submitter=*/true);
+  std::shared_ptr<Record> decode;
+  std::thread submitter([&] {
+    pthread_setname_np(pthread_self(), "test-submitter");
+    Batcher::SubmitterRun run;
+    decode = SubmitDecode("s", false, &run);
+    run.Run();
+  });
+  ASSERT_TRUE(in_release.WaitForNotificationWithTimeout(kWait)) << "the batch was not claimed";
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    batcher_->Stop();
+    stopped.Notify();
+  });
+  EXPECT_FALSE(stopped.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "Stop returned while a claimed run was still inside the batcher";
+  leave_release.Notify();
+  EXPECT_TRUE(stopped.WaitForNotificationWithTimeout(kWait));
+  stopper.join();
+  submitter.join();
+  Wait(decode);
+  EXPECT_TRUE(decode->status.ok()) << decode->status;
+  EXPECT_EQ(decode->thread, "test-submitter");
 }
 
 // Work submitted while a claimed batch waits for its submitter to run it waits too: it
