@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -366,6 +367,37 @@ TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
   EXPECT_TRUE(cuda::CheckDecodeShape(8, geo).ok());
   EXPECT_EQ(cuda::CheckDecodeShape(34, geo).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cuda::CheckDecodeShape(7, geo).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The kernels read q and gate 8 bytes at a time and the split-K partials 16: a
+// misaligned pointer is refused before anything is launched (INVALID_ARGUMENT, not a
+// fault that would take the context with it). Needs no GPU: the pointers are never
+// dereferenced on the host and nothing reaches the device.
+TEST(DecodeShapes, MisalignedInputsAreClearErrors) {
+  CacheView cache;
+  cache.geo.num_layers = 1;
+  cache.geo.num_kv_heads = 2;
+  cache.geo.head_dim = 128;
+  cache.geo.page_size = 16;
+  cache.geo.num_pages = 10;
+  auto at = [](uintptr_t address) { return reinterpret_cast<const uint16_t*>(address); };
+  DecodeBatch batch;
+  batch.num_requests = 1;
+  batch.num_q_heads = 8;
+  batch.q = at(0x10000);
+  batch.gate = at(0x20000);
+  cuda::DecodeWorkspace ws;
+  ws.partial = reinterpret_cast<float*>(0x30000);
+  ws.capacity_floats = 1 << 20;
+  auto launch = [&] { return cuda::LaunchDecode(cache, batch, 16, ws, nullptr); };
+  batch.q = at(0x10002);
+  EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "q";
+  batch.q = at(0x10000);
+  batch.gate = at(0x20004);
+  EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "gate";
+  batch.gate = at(0x20000);
+  ws.partial = reinterpret_cast<float*>(0x30008);
+  EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "workspace";
 }
 
 }  // namespace
