@@ -380,23 +380,26 @@ TEST(DecodeShapes, MisalignedInputsAreClearErrors) {
   cache.geo.head_dim = 128;
   cache.geo.page_size = 16;
   cache.geo.num_pages = 10;
-  auto at = [](uintptr_t address) { return reinterpret_cast<const uint16_t*>(address); };
+  // Host stand-ins for the device pointers: only their addresses are checked.
+  alignas(64) static float storage[64];
+  char* base = reinterpret_cast<char*>(storage);
+  auto bf16_at = [&](int offset) { return reinterpret_cast<const uint16_t*>(base + offset); };
   DecodeBatch batch;
   batch.num_requests = 1;
   batch.num_q_heads = 8;
-  batch.q = at(0x10000);
-  batch.gate = at(0x20000);
+  batch.q = bf16_at(0);
+  batch.gate = bf16_at(64);
   cuda::DecodeWorkspace ws;
-  ws.partial = reinterpret_cast<float*>(0x30000);
+  ws.partial = storage + 32;
   ws.capacity_floats = 1 << 20;
   auto launch = [&] { return cuda::LaunchDecode(cache, batch, 16, ws, nullptr); };
-  batch.q = at(0x10002);
+  batch.q = bf16_at(2);
   EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "q";
-  batch.q = at(0x10000);
-  batch.gate = at(0x20004);
+  batch.q = bf16_at(0);
+  batch.gate = bf16_at(68);
   EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "gate";
-  batch.gate = at(0x20000);
-  ws.partial = reinterpret_cast<float*>(0x30008);
+  batch.gate = bf16_at(64);
+  ws.partial = storage + 34;  // 8 bytes past a 16-byte boundary
   EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "workspace";
 }
 
