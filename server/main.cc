@@ -264,8 +264,6 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
-  if (!sds::KeepFreedHeapMemory())
-    spdlog::warn("mallopt refused the heap settings of server/heap_tuning.h");
   sds::DisableMutexDeadlockDetection();
   const auto level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(level);
@@ -282,5 +280,9 @@ int main(int argc, char** argv) {
                  drain_linger_ms);
     return 2;
   }
+  // Once the flags are known good (a run with bad flags prints one line, nothing else)
+  // and before the server allocates its buffers. Refused under AddressSanitizer.
+  if (!sds::KeepFreedHeapMemory())
+    spdlog::warn("mallopt refused the heap settings of server/heap_tuning.h");
   return sds::server::Run(*options, std::chrono::milliseconds(drain_linger_ms));
 }
