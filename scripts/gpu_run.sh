@@ -57,17 +57,15 @@ if [[ $quick -eq 0 ]]; then
   echo "== compute-sanitizer racecheck (v1 decode, fused and PV warps)"
   shapes='Shapes/DecodeVsReference.EveryElementWithinTwoUlps/v1_Hq32_Hkv8_D128_P16_tensor_shared'
   shapes+=':Shapes/DecodeVsReference.EveryElementWithinTwoUlps/v1_Hq8_Hkv2_D64_P16_tokenhead_shared'
+  race_pids=()
   for pv in 0 1; do
     SDS_DECODE_PV_WARP=$pv timeout "${RACECHECK_TIMEOUT_S:-300}" compute-sanitizer \
       --tool racecheck --racecheck-report all --error-exitcode 3 --print-limit 20 \
       "$B/bin/sds_gpu_tests" --gtest_brief=1 --gtest_filter="$shapes" >"$OUT/racecheck_pv$pv.log" 2>&1 &
+    race_pids+=($!)
   done
   for pv in 0 1; do
-    rc=0
-    wait -n || rc=$?
-    [[ $rc -eq 0 ]] || status=1
-  done
-  for pv in 0 1; do
+    wait "${race_pids[$pv]}" || status=1
     hazards=$(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_pv$pv.log" | tail -1)
     summary+=("racecheck SDS_DECODE_PV_WARP=$pv: ${hazards:-no RACECHECK SUMMARY line}")
     [[ $hazards == *"(0 errors"* ]] || status=1

@@ -23,7 +23,7 @@ class DecodeAdmission {
       : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
 
   // On error nothing was queued and `done` will not be called. `request`, the data
-  // that `bytes` views (tensor_bytes.h), `response` and `encoded` (optional: see
+  // that `bytes` views (tensor_bytes.h), `response` and `encoded` (required: see
   // DecodeWork::encoded) must stay alive until `done` has run. `claim`: see
   // Batcher::SubmitDecode.
   absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,

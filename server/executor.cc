@@ -5,7 +5,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/response_wire.h"
 #include "server/rpc_util.h"
 #include "spdlog/spdlog.h"
 
@@ -31,9 +30,7 @@ Executor::Executor(Backend* backend, Metrics* metrics, const ModelShape& model)
     : backend_(backend),
       metrics_(metrics),
       model_(model),
-      page_size_(backend->cache().config().page_size),
-      out_shape_{model.num_q_heads, model.head_dim},
-      lse_shape_{model.num_q_heads} {}
+      page_size_(backend->cache().config().page_size) {}
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend* backend, Metrics* metrics,
                                                            const ModelShape& model) {
@@ -55,19 +52,6 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend* backend, Met
 
 Executor::~Executor() {
   if (append_block_) backend_->FreeStaging(append_block_);
-}
-
-void Executor::EncodeAnswer(const StagingBuffer& staging, int32_t row, bool with_lse,
-                            const v1::DecodeResponse& fields, EncodedResponse* encoded) const {
-  const size_t out_bytes = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
-  const size_t lse_bytes = static_cast<size_t>(model_.num_q_heads) * 4;
-  const TensorView out{
-      v1::BF16, out_shape_,
-      absl::string_view(reinterpret_cast<const char*>(staging.out_row(row)), out_bytes)};
-  const TensorView lse{
-      v1::FP32, lse_shape_,
-      absl::string_view(reinterpret_cast<const char*>(staging.lse_row(row)), lse_bytes)};
-  EncodeDecodeResponse(fields, &out, with_lse ? &lse : nullptr, encoded);
 }
 
 void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items) {
@@ -166,7 +150,7 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
         info->set_batch_size(rows);
         info->set_queue_us(Micros(start - item.enqueued));
         info->set_compute_us(timing.compute_us);
-        EncodeAnswer(staging, row_of[i], req.return_lse(), *resp, item.encoded);
+        staging.EncodeAnswer(row_of[i], req.return_lse(), *resp, item.encoded);
         oldest_wait = std::max(oldest_wait, start - item.enqueued);
       }
     }

@@ -6,7 +6,6 @@
 // backend, commits the writes and completes the responses.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -34,18 +33,11 @@ class Executor {
  private:
   Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
-  // The answer of staging row `row` into `encoded`: `fields` (request_id, batch) with out
-  // [Hq, D] bf16 and lse [Hq] f32 (when asked) read straight from the row.
-  void EncodeAnswer(const StagingBuffer& staging, int32_t row, bool with_lse,
-                    const sparse_decode::v1::DecodeResponse& fields,
-                    EncodedResponse* encoded) const;
 
   Backend* backend_;
   Metrics* metrics_;
   ModelShape model_;
   int32_t page_size_;
-  std::array<int64_t, 2> out_shape_;  // [Hq, D]
-  std::array<int64_t, 1> lse_shape_;  // [Hq]
   uint64_t next_batch_id_ = 1;
   // Prefill staging: [kAppendChunk, Hkv, D] bf16 K and V, layer and slot per row.
   static constexpr int64_t kAppendChunk = 1024;

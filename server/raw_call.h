@@ -70,17 +70,14 @@ class RawCall {
   // slot). INTERNAL when an answer is missing (a bug) or memory runs out.
   absl::Status Reply(grpc::ByteBuffer* out) {
     try {
+      absl::StatusOr<grpc::ByteBuffer> reply;
       if constexpr (kBatch) {
-        absl::StatusOr<grpc::ByteBuffer> reply = DecodeBatchReply(*response_, &encoded_);
-        if (!reply.ok()) return reply.status();
-        out->Swap(&*reply);
+        reply = DecodeBatchReply(*response_, &encoded_);
       } else {
-        if (encoded_.empty() || encoded_[0].empty()) {
-          return absl::InternalError("the decode was answered without an encoded response");
-        }
-        grpc::ByteBuffer reply(&encoded_[0].bytes, 1);
-        out->Swap(&reply);
+        reply = DecodeReply(encoded_.at(0));  // Parse made the one slot
       }
+      if (!reply.ok()) return reply.status();
+      out->Swap(&*reply);
       return absl::OkStatus();
     } catch (const std::exception& e) {  // bad_alloc: `done` callbacks must not throw
       return absl::InternalError(absl::StrCat("cannot build the reply: ", e.what()));

@@ -146,6 +146,13 @@ void EncodeDecodeResponse(const v1::DecodeResponse& fields, const TensorView* ou
   encoded->bytes = std::move(slice);
 }
 
+absl::StatusOr<grpc::ByteBuffer> DecodeReply(const EncodedResponse& encoded) {
+  if (encoded.empty()) {
+    return absl::InternalError("a decode was answered without an encoded response");
+  }
+  return grpc::ByteBuffer(&encoded.bytes, 1);
+}
+
 absl::StatusOr<grpc::ByteBuffer> DecodeBatchReply(const v1::DecodeBatchResponse& typed,
                                                   std::vector<EncodedResponse>* encoded) {
   std::vector<grpc::Slice> slices;

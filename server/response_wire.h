@@ -53,6 +53,11 @@ uint8_t* WriteDecodeResponse(const sparse_decode::v1::DecodeResponse& fields, co
 void EncodeDecodeResponse(const sparse_decode::v1::DecodeResponse& fields, const TensorView* out,
                           const TensorView* lse, EncodedResponse* encoded);
 
+// The reply of one decode answered OK (a Decode call, a DecodeStream message): the
+// executor's encoded answer, referenced, not copied. INTERNAL when there is none (a bug:
+// it would go out without its tensors).
+absl::StatusOr<grpc::ByteBuffer> DecodeReply(const EncodedResponse& encoded);
+
 // The reply of a DecodeBatch call: element i is encoded[i] where the executor filled it,
 // else responses(i) of `typed` encoded now (an item answered with an error). The reply
 // references the slices, it does not copy them. INTERNAL when an item has neither (a

@@ -34,7 +34,11 @@ class Carver {
 }  // namespace
 
 StagingBuffer::StagingBuffer(Backend* backend, const ModelShape& model, int32_t max_batch_size)
-    : backend_(backend), model_(model), max_batch_(max_batch_size) {
+    : backend_(backend),
+      model_(model),
+      out_shape_{model.num_q_heads, model.head_dim},
+      lse_shape_{model.num_q_heads},
+      max_batch_(max_batch_size) {
   index_stride_ = static_cast<int64_t>(model.num_kv_heads) * model.max_topk;
 }
 
@@ -156,6 +160,18 @@ const uint16_t* StagingBuffer::out_row(int32_t row) const {
 
 const float* StagingBuffer::lse_row(int32_t row) const {
   return lse_ + static_cast<int64_t>(row) * model_.num_q_heads;
+}
+
+void StagingBuffer::EncodeAnswer(int32_t row, bool with_lse,
+                                 const sparse_decode::v1::DecodeResponse& fields,
+                                 EncodedResponse* encoded) const {
+  const size_t out_bytes = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
+  const size_t lse_bytes = static_cast<size_t>(model_.num_q_heads) * 4;
+  const TensorView out{sparse_decode::v1::BF16, out_shape_,
+                       absl::string_view(reinterpret_cast<const char*>(out_row(row)), out_bytes)};
+  const TensorView lse{sparse_decode::v1::FP32, lse_shape_,
+                       absl::string_view(reinterpret_cast<const char*>(lse_row(row)), lse_bytes)};
+  EncodeDecodeResponse(fields, &out, with_lse ? &lse : nullptr, encoded);
 }
 
 }  // namespace sds::server

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "server/backend.h"
 #include "server/model_shape.h"
+#include "server/response_wire.h"
 #include "server/tensor_bytes.h"
 #include "sparse_decode/v1/decode.pb.h"
 
@@ -38,6 +39,11 @@ class StagingBuffer {
 
   const uint16_t* out_row(int32_t row) const;  // [Hq, D] bf16
   const float* lse_row(int32_t row) const;     // [Hq]
+  // The answer of row `row` into `encoded` (response_wire.h): `fields` (request_id,
+  // batch) with out [Hq, D] bf16 and, when `with_lse`, lse [Hq] f32 read straight from
+  // the row.
+  void EncodeAnswer(int32_t row, bool with_lse, const sparse_decode::v1::DecodeResponse& fields,
+                    EncodedResponse* encoded) const;
 
   int32_t* append_layer() { return append_layer_; }
   int64_t* slot() { return slot_; }
@@ -50,6 +56,8 @@ class StagingBuffer {
 
   Backend* backend_;
   ModelShape model_;
+  int64_t out_shape_[2];  // [Hq, D], for the answers' tensor views
+  int64_t lse_shape_[1];  // [Hq]
   int32_t max_batch_;
   int64_t index_stride_ = 0;  // Hkv * max_topk int32 per row
   void* block_ = nullptr;

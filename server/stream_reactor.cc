@@ -222,11 +222,10 @@ void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
   // An answer the executor encoded from staging is sent as it is; an error answer is
   // serialized here, on the answering thread, as a typed StartWrite would at its call.
   absl::Status serialized;
-  if (status.ok() && !call->encoded.empty()) {
-    grpc::ByteBuffer reply(&call->encoded.bytes, 1);
-    call->reply.Swap(&reply);
-  } else if (status.ok()) {
-    serialized = absl::InternalError("a decode was answered without an encoded response");
+  if (status.ok()) {
+    absl::StatusOr<grpc::ByteBuffer> reply = DecodeReply(call->encoded);
+    serialized = reply.status();
+    if (reply.ok()) call->reply.Swap(&*reply);
   } else {
     serialized = SerializeReply(*call->response, &call->reply);
   }

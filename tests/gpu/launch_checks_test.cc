@@ -11,14 +11,20 @@
 namespace sds {
 namespace {
 
-// Shapes the CUDA decode does not support are INVALID_ARGUMENT.
-TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
+// A small cache of head_dim `head_dim`: 1 layer, 2 KV heads, 10 pages of 16.
+CacheGeometry SmallGeometry(int32_t head_dim) {
   CacheGeometry geo;
   geo.num_layers = 1;
   geo.num_kv_heads = 2;
-  geo.head_dim = 96;
+  geo.head_dim = head_dim;
   geo.page_size = 16;
   geo.num_pages = 10;
+  return geo;
+}
+
+// Shapes the CUDA decode does not support are INVALID_ARGUMENT.
+TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
+  CacheGeometry geo = SmallGeometry(96);
   EXPECT_EQ(cuda::CheckDecodeShape(8, geo).code(), absl::StatusCode::kInvalidArgument);
   geo.head_dim = 128;
   EXPECT_TRUE(cuda::CheckDecodeShape(8, geo).ok());
@@ -32,11 +38,7 @@ TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
 // the host and nothing reaches the device.
 TEST(DecodeShapes, MisalignedInputsAreClearErrors) {
   CacheView cache;
-  cache.geo.num_layers = 1;
-  cache.geo.num_kv_heads = 2;
-  cache.geo.head_dim = 128;
-  cache.geo.page_size = 16;
-  cache.geo.num_pages = 10;
+  cache.geo = SmallGeometry(128);
   // Host stand-ins for the device pointers: only their addresses are checked.
   alignas(64) static float storage[64];
   char* base = reinterpret_cast<char*>(storage);

@@ -197,5 +197,18 @@ TEST(ResponseWire, BatchItemWithoutAnAnswerIsAnError) {
   EXPECT_TRUE(DecodeBatchReply(typed, &encoded).ok());
 }
 
+// A single decode's reply is its encoded answer; none is a bug, reported instead of sent.
+TEST(ResponseWire, SingleReplyIsTheEncodedAnswer) {
+  EncodedResponse encoded;
+  EXPECT_EQ(DecodeReply(encoded).status().code(), absl::StatusCode::kInternal);
+  v1::DecodeResponse fields;
+  fields.set_request_id(9);
+  fields.mutable_batch()->set_batch_size(1);
+  EncodeDecodeResponse(fields, nullptr, nullptr, &encoded);
+  absl::StatusOr<grpc::ByteBuffer> reply = DecodeReply(encoded);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(Flatten(*reply), fields.SerializeAsString());
+}
+
 }  // namespace
 }  // namespace sds::server
