@@ -52,8 +52,6 @@ fi
 if [[ $quick -eq 0 ]]; then
   # racecheck of the v1 decode on two shapes, with and without PV warps (the launch picks
   # PV warps for small grids; SDS_DECODE_PV_WARP forces either): zero hazards required.
-  # Known (2026-11-30): the PV-warp kernel reports hazards across __syncthreads after its
-  # main loop; see docs/TEAM_NOTES.md, seventh session.
   echo "== compute-sanitizer racecheck (v1 decode, fused and PV warps)"
   shapes='Shapes/DecodeVsReference.EveryElementWithinTwoUlps/v1_Hq32_Hkv8_D128_P16_tensor_shared'
   shapes+=':Shapes/DecodeVsReference.EveryElementWithinTwoUlps/v1_Hq8_Hkv2_D64_P16_tokenhead_shared'

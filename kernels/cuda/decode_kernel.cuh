@@ -561,6 +561,15 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     }
     __syncwarp();
   }
+  if constexpr (kPvWarp) {
+    // Sequences with a step fewer than sequence 0 pass the hand-off barrier as often as
+    // it does (an empty hand-off), so that every warp passes the same number of named
+    // barriers. Each sequence's two warps already pass its barrier equally often, so this
+    // changes no ordering; without it compute-sanitizer's racecheck reported thousands of
+    // RAW hazards across the __syncthreads below (with it: 0, H200, 2026-11-30).
+    const int max_steps = (num_steps + kDecodeWarps - 1) / kDecodeWarps;
+    for (int i = my_steps; i < max_steps; ++i) NamedBarrierSync(kHandOffBarrier + seq, 64);
+  }
   CpAsyncWait<0>();
 
   // ---- 4. Merge the 4 sequences (fixed order) through shared memory. ----

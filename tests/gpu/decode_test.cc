@@ -283,10 +283,12 @@ TEST(DecodePvWarp, SameBitsAsOneWarpPerSequence) {
     const std::vector<int32_t> lengths = {5000, 700, 2500, 90, c.page + 3};
     TestCache cache = BuildCache(2, c.hkv, c.d, c.page, c.mode, lengths, 4321 + c.hq + c.d);
     const int topks[] = {2048, 1, 16, 100, 513, 0, 1500, 19};
-    for (int n : {1, 3, 8}) {
+    // 40 requests: more CTAs than SMs at every shape here, so both kernels merge split
+    // requests through the global workspace (smaller batches: clusters).
+    for (int n : {1, 3, 8, 40}) {
       std::vector<RequestSpec> specs;
       for (int i = 0; i < n; ++i)
-        specs.push_back(RequestSpec{i % 5, (i + 1) % 2, topks[i], c.per_kv && i % 2 == 0,
+        specs.push_back(RequestSpec{i % 5, (i + 1) % 2, topks[i % 8], c.per_kv && i % 2 == 0,
                                     static_cast<uint32_t>(60 + i + 10 * n)});
       TestBatch batch = BuildBatch(cache, c.hq, specs);
       std::vector<uint16_t> out[2];
