@@ -100,23 +100,24 @@ bool EnvPdl() {
   return enabled;
 }
 
-// SDS_DECODE_PV_WARP=0|1 (diagnostics): v1 without / with PV warps for G <= 8; -1
-// (unset or any other value) = chosen per launch from the grid size.
+// SDS_DECODE_PV_WARP=0|1|2 (diagnostics): v1 without PV warps / with / with QK one step
+// ahead, for G <= 8; -1 (unset or any other value) = chosen per launch from the grid size.
 int32_t EnvPvWarp() {
   static const int32_t pv_warp = [] {
     const char* v = std::getenv("SDS_DECODE_PV_WARP");
     if (v == nullptr) return -1;
     const std::string s(v);
-    return s == "1" ? 1 : s == "0" ? 0 : -1;
+    return s == "2" ? 2 : s == "1" ? 1 : s == "0" ? 0 : -1;
   }();
   return pv_warp;
 }
 
-// v1's PV-warp choice for `kernel`: forced by kV1Fused / kV1PvWarp, else the
-// environment's (-1: chosen per launch).
+// v1's PV-warp choice for `kernel`: forced by kV1Fused / kV1PvWarp / kV1PvWarpQkAhead,
+// else the environment's (-1: chosen per launch).
 int32_t PvWarp(DecodeKernel kernel) {
   if (kernel == DecodeKernel::kV1Fused) return 0;
   if (kernel == DecodeKernel::kV1PvWarp) return 1;
+  if (kernel == DecodeKernel::kV1PvWarpQkAhead) return 2;
   return EnvPvWarp();
 }
 

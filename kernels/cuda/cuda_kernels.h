@@ -39,8 +39,10 @@ struct DecodeWorkspace {
 // (request, KV heads group[, 64-index unit]), batch size picks the split (kV2Coarse /
 // kV2Fine force one, for tests and benchmarks).
 // v1 with G <= 8 gives each warp sequence a second warp for its P*V when the grid is
-// small (one wave of 8-warp CTAs), or as SDS_DECODE_PV_WARP=0|1 in the environment says
-// (diagnostics); kV1Fused / kV1PvWarp force one (tests, benchmarks). Same bits.
+// small (one wave of 8-warp CTAs), whose softmax warp also computes QK one step ahead
+// when the grid has at most one CTA per SM, or as SDS_DECODE_PV_WARP=0|1|2 in the
+// environment says (diagnostics); kV1Fused / kV1PvWarp / kV1PvWarpQkAhead force one
+// (tests, benchmarks). Same bits.
 enum class DecodeKernel : int32_t {
   kDefault = 0,
   kV1 = 1,
@@ -49,7 +51,8 @@ enum class DecodeKernel : int32_t {
   kV2Fine = 4,
   kV1GlobalMerge = 5,
   kV1Fused = 6,
-  kV1PvWarp = 7
+  kV1PvWarp = 7,
+  kV1PvWarpQkAhead = 8
 };
 
 // Chunks (CTAs per (request, KV head)) for a list of `topk` indices:

@@ -94,8 +94,9 @@ inline constexpr int kSeqBarrier = kHandOffBarrier + kDecodeWarps;
 // warp leaves mostly idle (Nsight Compute: one warp per scheduler issues every ~4
 // cycles). Every floating-point operation is the one the lone warp performs, in the same
 // order, so the bits do not depend on kPvWarp, and the launch picks it from the grid
-// size.
-template <int D, int kRows, bool kPerToken, int kStages, bool kPvWarp>
+// size. kQkAheadT: with PV warps at G <= 8, the softmax warp computes QK one step ahead
+// (see the main loop; same bits too).
+template <int D, int kRows, bool kPerToken, int kStages, bool kPvWarp, bool kQkAheadT>
 __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
                                   (kDecodeMinCtas<D, kRows, kPerToken, kStages, kPvWarp>))
     SparseDecodeKernel(const __grid_constant__ DecodeParams p) {
@@ -331,11 +332,70 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   for (int r = 0; r < kStats; ++r) m_s[r] = m_u[r] = NegInf(), l_s[r] = 0.0f;
 
   // With a PV warp: the softmax warp hands step i's P^T fragments and rescale factors to
-  // the PV warp through slot i % 2 ([sequence][parity][lane] {pa0, pa2, pl0, pl2, alpha 0,
-  // 1}); the slot of step i - 2 is free once the PV warp has passed the hand-off of i - 1.
+  // the PV warp through slot i % 2 of its sequence; the slot of step i - 2 is free once
+  // the PV warp has passed the hand-off of i - 1.
   auto pslot = [&](int i) {
-    return reinterpret_cast<uint4*>(smem + T::kPSlotOffset) + 2 * ((seq * 2 + (i & 1)) * 32 + lane);
+    return reinterpret_cast<DecodePSlot*>(smem + T::kPSlotOffset) + seq * 2 + (i & 1);
   };
+  // This step's K rows grp (half 0) and grp + 8 (half 1), this lane's d pieces:
+  // kw[half][ks] = the 4 fp8 values of k-step ks, in the d order of the Q fragments.
+  // st: the step's ring stage.
+  auto load_k = [&](const uint8_t* st, uint32_t(&kw)[2][T::kKSteps]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        const uint4 v = LoadShared16(st + T::Piece(half * 8 + grp, tig * (D / 64) + c));
+        kw[half][4 * c + 0] = v.x;
+        kw[half][4 * c + 1] = v.y;
+        kw[half][4 * c + 2] = v.z;
+        kw[half][4 * c + 3] = v.w;
+      }
+    }
+  };
+  // G <= 8: QK with K as the A operand: S[16 tokens x 8 heads] = K[16 tokens x 16 d] *
+  // Q^T[16 d x 8 heads] per k-step, half the MMAs of Q as the A operand (whose rows
+  // 8..15 would be padding). A: K rows grp, grp + 8, this lane's d pieces (the same d
+  // order as the Q fragments, so the dot products pair up); B: the Q fragment (head
+  // grp). sc (C): sc0, sc1 = tokens grp x heads 2tig, 2tig + 1; sc2, sc3 = grp + 8.
+  auto qk_transposed = [&](const uint8_t* st, float(&sc)[4]) {
+    uint32_t kw[2][T::kKSteps];
+    load_k(st, kw);
+    // k-step ks into accumulator ks % kDecodeQkChains: shorter dependent MMA chains,
+    // summed in chain order after the last k-step.
+    float acc[kDecodeQkChains][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < T::kKSteps; ++ks) {
+      const uint2 q = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
+      uint32_t k0lo, k0hi, k1lo, k1hi;
+      Fp8x4ToHalf2x2(kw[0][ks], k0lo, k0hi);
+      Fp8x4ToHalf2x2(kw[1][ks], k1lo, k1hi);
+      MmaF16(acc[ks % kDecodeQkChains], k0lo, k1lo, k0hi, k1hi, q.x, q.y);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      sc[c] = acc[0][c];
+#pragma unroll
+      for (int ch = 1; ch < kDecodeQkChains; ++ch) sc[c] += acc[ch][c];
+    }
+  };
+  // kQkAheadT (PV warps, G <= 8): the softmax warp computes QK one step ahead: step i +
+  // 1's MMA chain is independent of step i's softmax (shuffles, exponentials), so the
+  // two latency chains overlap in the one warp. The ring then keeps kStages - 3 steps in
+  // flight ahead of the QK (the launch gives such kernels one stage more). Same
+  // operations on the same values: the bits do not change. It pays where a sequence's
+  // two warps have their scheduler to themselves (at most one CTA per SM): the extra QK
+  // after the last step costs where two CTAs share an SM (bench/RESULTS.md).
+  constexpr bool kQkAhead = kQkAheadT && kPvWarp && kTransposed;
+  static_assert(!kQkAhead || T::kStages >= 4, "QK one step ahead needs 4 ring stages");
+  float sc_next[4] = {};  // kQkAhead: the next step's scores
+  if constexpr (kQkAhead) {
+    if (softmax_warp && my_steps > 0) {
+      CpAsyncWait<T::kStages - 3>();  // step 0 of the kStages - 2 the prologue issued
+      __syncwarp();
+      qk_transposed(ring, sc_next);
+    }
+  }
   for (int i = 0; i < my_steps; ++i) {
     if (!kPvWarp) {
       if (i + T::kStages - 1 < my_steps) issue(i + T::kStages - 1);
@@ -347,7 +407,8 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       // step i - 2 before the hand-off of step i - 1, which this warp has passed.
       if (i + T::kStages - 2 < my_steps) issue(i + T::kStages - 2);
       CpAsyncCommit();
-      CpAsyncWait<T::kStages - 2>();
+      // Step i's K/V (kQkAhead: step i + 1's, whose QK this iteration computes).
+      CpAsyncWait<kQkAhead ? T::kStages - 3 : T::kStages - 2>();
       __syncwarp();
     } else {
       NamedBarrierSync(kHandOffBarrier + seq, 64);  // step i's P (and its K/V have landed)
@@ -362,45 +423,18 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     // Rescale factors of this lane's O^T columns (heads 2 tig + e; PV warp only).
     float alpha_pv[2] = {1.0f, 1.0f};
     if (softmax_warp) {
-      // This step's K rows grp (half 0) and grp + 8 (half 1), this lane's d pieces:
-      // kw[half][ks] = the 4 fp8 values of k-step ks, in the d order of the Q fragments.
-      uint32_t kw[2][T::kKSteps];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c) {
-          const uint4 v = LoadShared16(st + T::Piece(half * 8 + grp, tig * (D / 64) + c));
-          kw[half][4 * c + 0] = v.x;
-          kw[half][4 * c + 1] = v.y;
-          kw[half][4 * c + 2] = v.z;
-          kw[half][4 * c + 3] = v.w;
-        }
-      }
       if constexpr (kTransposed) {
-        // QK with K as the A operand: S[16 tokens x 8 heads] = K[16 tokens x 16 d] *
-        // Q^T[16 d x 8 heads] per k-step, half the MMAs of Q as the A operand (whose rows
-        // 8..15 would be padding). A: K rows grp, grp + 8, this lane's d pieces (the same
-        // d order as the Q fragments, so the dot products pair up); B: the Q fragment
-        // (head grp). C: c0, c1 = tokens grp x heads 2tig, 2tig + 1; c2, c3 = grp + 8.
+        // S[16 tokens x 8 heads] of this step (qk_transposed's C layout).
         float sc[4];
-        {
-          // k-step ks into accumulator ks % kDecodeQkChains: shorter dependent MMA chains,
-          // summed in chain order after the last k-step.
-          float acc[kDecodeQkChains][4] = {};
+        if constexpr (kQkAhead) {
 #pragma unroll
-          for (int ks = 0; ks < T::kKSteps; ++ks) {
-            const uint2 q = reinterpret_cast<const uint2*>(qfrag)[ks * 32 + lane];
-            uint32_t k0lo, k0hi, k1lo, k1hi;
-            Fp8x4ToHalf2x2(kw[0][ks], k0lo, k0hi);
-            Fp8x4ToHalf2x2(kw[1][ks], k1lo, k1hi);
-            MmaF16(acc[ks % kDecodeQkChains], k0lo, k1lo, k0hi, k1hi, q.x, q.y);
-          }
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            sc[c] = acc[0][c];
-#pragma unroll
-            for (int ch = 1; ch < kDecodeQkChains; ++ch) sc[c] += acc[ch][c];
-          }
+          for (int c = 0; c < 4; ++c) sc[c] = sc_next[c];
+          // Step i + 1's scores. After the last step this reads a stale stage and the
+          // result goes unused: no branch, so that the MMAs interleave with the softmax
+          // (with one, 1 request measured 0.6-0.9 us slower, bench/RESULTS.md).
+          qk_transposed(ring + ((i + 1) % T::kStages) * T::kStageBytes, sc_next);
+        } else {
+          qk_transposed(st, sc);
         }
         // Tokens grp (row a) and grp + 8 (row b): skipped ones masked, scaled to log2.
         const int ja = tok0 + grp, jb = tok0 + 8 + grp;
@@ -447,6 +481,8 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
         pa2 = TransposeHalf8x8(hb);
         pl2 = TransposeHalf8x8(lb);
       } else {
+        uint32_t kw[2][T::kKSteps];
+        load_k(st, kw);
         // QK^T for tokens tok0 + nt * 8 + n (n = grp holds the K row in the B operand).
         float s[2][4] = {};
         {
@@ -487,9 +523,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       }
       if constexpr (kPvWarp) {
         // Hand step i to the PV warp (which waits there once done with step i - 1).
-        uint4* slot = pslot(i);
-        slot[0] = make_uint4(pa0, pa2, pl0, pl2);
-        slot[1] = make_uint4(__float_as_uint(alpha_pv[0]), __float_as_uint(alpha_pv[1]), 0u, 0u);
+        DecodePSlot* slot = pslot(i);
+        slot->p[lane] = make_uint4(pa0, pa2, pl0, pl2);
+        slot->alpha[lane] = make_uint2(__float_as_uint(alpha_pv[0]), __float_as_uint(alpha_pv[1]));
         NamedBarrierSync(kHandOffBarrier + seq, 64);
       }
     }  // softmax_warp
@@ -499,7 +535,8 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       if constexpr (kPvWarp) {
         // The softmax warp's P^T fragments and factors of step i; the rescale is the
         // multiplication the fused warp does in its softmax.
-        const uint4 pw = pslot(i)[0], aw = pslot(i)[1];
+        const uint4 pw = pslot(i)->p[lane];
+        const uint2 aw = pslot(i)->alpha[lane];
         pa0 = pw.x, pa2 = pw.y, pl0 = pw.z, pl2 = pw.w;
         alpha_pv[0] = __uint_as_float(aw.x), alpha_pv[1] = __uint_as_float(aw.y);
 #pragma unroll
@@ -571,6 +608,15 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     for (int i = my_steps; i < max_steps; ++i) NamedBarrierSync(kHandOffBarrier + seq, 64);
   }
   CpAsyncWait<0>();
+
+  // A one-chunk request's CTA finishes its heads itself: its gate loads (towards L2 since
+  // the prologue) go out now, under the sequence merge's barriers.
+  constexpr int kFinishW = kDecodeFinishWidth<T::kThreads>;
+  constexpr int kFinishGroups = kDecodeFinishGroups<D, kRows, T::kThreads>;
+  typename FinishVec<kFinishW>::Gates gate_bits[kFinishGroups];
+  if (num_chunks == 1) {
+    LoadFinishGates<D, kRows, T::kThreads>(p.gate + head0 * D, G, gate_bits);
+  }
 
   // ---- 4. Merge the 4 sequences (fixed order) through shared memory. ----
   // l: the sum over the lanes that hold a head's other tokens (G > 8: the 4 tig lanes;
@@ -680,11 +726,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   };
 
   if (num_chunks == 1) {
-    constexpr int W = kDecodeFinishWidth<T::kThreads>;
-    typename FinishVec<W>::Gates gate_bits[kDecodeFinishGroups<D, kRows, T::kThreads>];
-    LoadFinishGates<D, kRows, T::kThreads>(p.gate + head0 * D, G, gate_bits);
+    constexpr int W = kFinishW;
 #pragma unroll
-    for (int k = 0; k < kDecodeFinishGroups<D, kRows, T::kThreads>; ++k) {
+    for (int k = 0; k < kFinishGroups; ++k) {
       const int q = tid + k * T::kThreads, g = W * q / D;
       if (W * q >= G * D) break;
       const float* hp = head + g * (4 + kDecodeWarps);

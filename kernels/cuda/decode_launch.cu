@@ -14,17 +14,19 @@ struct KernelConfig {
 };
 
 // Ring depth of an instance: one stage more with PV warps, whose softmax warp keeps
-// kStages - 2 in flight (the PV warp may still read the slot of the previous step).
-template <int D, bool kPvWarp>
-inline constexpr int kLaunchStages = kDecodeDefaultStages<D> + (kPvWarp ? 1 : 0);
+// kStages - 2 in flight (the PV warp may still read the slot of the previous step), and
+// one more with QK one step ahead (kStages - 3 in flight ahead of the QK).
+template <int D, bool kPvWarp, bool kQkAhead>
+inline constexpr int kLaunchStages = kDecodeDefaultStages<D> + (kPvWarp ? 1 : 0) +
+                                     (kQkAhead ? 1 : 0);
 
-template <int D, int kRows, bool kPerToken, bool kPvWarp>
+template <int D, int kRows, bool kPerToken, bool kPvWarp, bool kQkAhead = false>
 const KernelConfig& Configure() {
   static const KernelConfig config = [] {
-    constexpr int kStages = kLaunchStages<D, kPvWarp>;
+    constexpr int kStages = kLaunchStages<D, kPvWarp, kQkAhead>;
     using T = DecodeTile<D, kRows, kPerToken, kStages, kPvWarp>;
     constexpr int kSmem = T::kSmemBytes;
-    auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp>;
+    auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp, kQkAhead>;
     KernelConfig c;
     c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (c.error != cudaSuccess) return c;
@@ -43,13 +45,13 @@ const KernelConfig& Configure() {
   return config;
 }
 
-template <int D, int kRows, bool kPerToken, bool kPvWarp>
+template <int D, int kRows, bool kPerToken, bool kPvWarp, bool kQkAhead = false>
 cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStream_t stream) {
-  constexpr int kStages = kLaunchStages<D, kPvWarp>;
+  constexpr int kStages = kLaunchStages<D, kPvWarp, kQkAhead>;
   using T = DecodeTile<D, kRows, kPerToken, kStages, kPvWarp>;
   constexpr int kSmem = T::kSmemBytes;
-  auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp>;
-  const KernelConfig& config = Configure<D, kRows, kPerToken, kPvWarp>();
+  auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp, kQkAhead>;
+  const KernelConfig& config = Configure<D, kRows, kPerToken, kPvWarp, kQkAhead>();
   if (config.error != cudaSuccess) return config.error;
   const dim3 grid(params.num_kv_heads, params.max_chunks, num_requests);
   // Split requests merge over distributed shared memory where the instance fits it, a
@@ -99,11 +101,25 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   return launch_plain();
 }
 
-// G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). pv_warp 0 / 1
-// forces one; -1 picks PV warps when the grid fits their CTAs in one wave (small
-// batches, where a lone warp per scheduler leaves most issue slots idle). Builds with 8
-// warp sequences (-DSDS_DECODE_WARPS=8, an experiment) have no PV warps: twice as many
-// warps would cap registers at 64 and need more named barriers than there are.
+// G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). pv_warp 0 / 1 / 2
+// forces fused warps / PV warps / PV warps with QK one step ahead; -1 picks QK-ahead PV
+// warps when the grid has at most one CTA per SM, PV warps when it fits their CTAs in
+// one wave (small batches, where a lone warp per scheduler leaves most issue slots
+// idle), else fused warps. Builds with 8 warp sequences (-DSDS_DECODE_WARPS=8, an
+// experiment) have no PV warps: twice as many warps would cap registers at 64 and need
+// more named barriers than there are.
+// pv_warp -1's choice for a grid of `ctas` CTAs (see LaunchNarrow).
+template <int D, bool kPerToken>
+cudaError_t PickPvWarp(int64_t ctas, int* pv_warp) {
+  *pv_warp = 0;
+  if constexpr (kDecodeWarps == 4) {
+    const KernelConfig& c = Configure<D, 8, kPerToken, true>();
+    if (c.error != cudaSuccess) return c.error;
+    *pv_warp = ctas <= c.sms ? 2 : ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm ? 1 : 0;
+  }
+  return cudaSuccess;
+}
+
 template <int D, bool kPerToken>
 cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, int pv_warp, bool pdl,
                          cudaStream_t stream) {
@@ -111,14 +127,19 @@ cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, int p
     return Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
   } else {
     if (pv_warp < 0) {
-      const KernelConfig& c = Configure<D, 8, kPerToken, true>();
-      if (c.error != cudaSuccess) return c.error;
       const int64_t ctas =
           static_cast<int64_t>(params.num_kv_heads) * params.max_chunks * num_requests;
-      pv_warp = ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm ? 1 : 0;
+      const cudaError_t err = PickPvWarp<D, kPerToken>(ctas, &pv_warp);
+      if (err != cudaSuccess) return err;
     }
-    return pv_warp == 1 ? Launch<D, 8, kPerToken, true>(params, num_requests, pdl, stream)
-                        : Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
+    switch (pv_warp) {
+      case 2:
+        return Launch<D, 8, kPerToken, true, true>(params, num_requests, pdl, stream);
+      case 1:
+        return Launch<D, 8, kPerToken, true>(params, num_requests, pdl, stream);
+      default:
+        return Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
+    }
   }
 }
 
@@ -145,6 +166,26 @@ cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head
           : (wide ? Configure<128, 16, false, false>() : Configure<128, 8, false, false>());
   *blocks = c.ctas_per_sm;
   return c.error;
+}
+
+cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_head, int64_t ctas,
+                               int* pv_warp) {
+  *pv_warp = 0;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
+  if (group > 8) return cudaSuccess;
+  switch (head_dim) {
+    case 64:
+      return per_token_head ? PickPvWarp<64, true>(ctas, pv_warp)
+                            : PickPvWarp<64, false>(ctas, pv_warp);
+    case 128:
+      return per_token_head ? PickPvWarp<128, true>(ctas, pv_warp)
+                            : PickPvWarp<128, false>(ctas, pv_warp);
+    case 256:
+      return per_token_head ? PickPvWarp<256, true>(ctas, pv_warp)
+                            : PickPvWarp<256, false>(ctas, pv_warp);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,

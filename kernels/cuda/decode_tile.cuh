@@ -20,6 +20,15 @@ inline constexpr int kDecodeDefaultStages = D == 256 ? 2
 
 // kPvWarpT: each warp sequence has a second warp that runs its P*V (G <= 8 only; see
 // SparseDecodeKernel). The arithmetic does not depend on it.
+// One step's hand-off from a sequence's softmax warp to its PV warp (kPvWarp): lane l's
+// P^T fragments {pa0, pa2, pl0, pl2} and rescale factors of heads 2 tig, 2 tig + 1.
+// Structure of arrays, so that a warp's 16-byte and 8-byte accesses are contiguous (a
+// 32-byte lane stride cost 2-way bank conflicts).
+struct DecodePSlot {
+  uint4 p[32];
+  uint2 alpha[32];
+};
+
 template <int D, int kRows, bool kPerToken, int kStagesT, bool kPvWarpT = false>
 struct DecodeTile {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim");
@@ -61,9 +70,10 @@ struct DecodeTile {
   static constexpr int kStatsOffset = kPostInRing ? kScratchBytes : kTablesEnd;
   static constexpr int kHeadOffset = kStatsOffset + kStatsBytes;
   static constexpr int kFlagOffset = kHeadOffset + kHeadBytes;
-  // P hand-off (kPvWarp, main loop only): [sequence][step parity][lane] 2 x uint4.
+  // P hand-off (kPvWarp, main loop only): DecodePSlot [sequence][step parity].
   static constexpr int kPSlotOffset = kPostInRing ? kTablesEnd : kTablesEnd + kPostBytes;
-  static constexpr int kPSlotBytes = kPvWarp ? kDecodeWarps * 2 * 32 * 32 : 0;
+  static constexpr int kPSlotBytes = kPvWarp ? kDecodeWarps * 2 * sizeof(DecodePSlot) : 0;
+  static_assert(kPSlotOffset % 16 == 0, "P slot alignment");
   static constexpr int kSmemBytes = kPSlotOffset + kPSlotBytes;
   // Per-warp max |q| during the prologue: the last ring slot of the last sequence, which
   // the prologue does not fill (it issues stages 0 .. kStages - 2 only).

@@ -12,10 +12,16 @@
 namespace sds::cuda {
 
 // Enqueues the sparse decode kernel: grid (Hkv, max_chunks, B). head_dim 64/128/256,
-// group 1..16 (checked by the caller). pv_warp (G <= 8; ignored above): 1 / 0 with or
-// without a PV warp per warp sequence, -1 to pick from the grid size (same bits).
+// group 1..16 (checked by the caller). pv_warp (G <= 8; ignored above): 0 without a PV
+// warp per warp sequence, 1 with, 2 with and QK one step ahead, -1 to pick from the grid
+// size (same bits).
 // pdl: with programmatic stream serialization (the CTAs may start before the previous
 // kernel of the stream ends). Returns the launch's error.
+// The PV-warp mode (0, 1, 2 as above) that pv_warp -1 picks for a v1 grid of `ctas` CTAs
+// (0 where G > 8). head_dim 64/128/256, else cudaErrorInvalidValue.
+cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_head, int64_t ctas,
+                               int* pv_warp);
+
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
                                 bool per_token_head, int pv_warp, bool pdl, cudaStream_t stream);
 

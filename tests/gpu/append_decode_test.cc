@@ -153,20 +153,25 @@ TEST_P(AppendThenDecode, DecodeReadsTheNewTokensItsAppendWrote) {
   for (int mapped = 0; mapped < 2; ++mapped) {
     // 3 requests: clusters merge the chunks, scalars in the launch parameters; 17: the
     // global workspace, scalars in global memory. Stale rows on the device before each.
-    for (int size : {3, kRequests}) {
-      SCOPED_TRACE(testing::Message() << size << " requests, append inputs in "
-                                      << (mapped ? "mapped host" : "device") << " memory");
-      UploadBytes(stale, cache);
-      TestBatch batch = NewTokenBatch(cache, size);
-      AppendBatch append = appends[mapped];
-      append.num_tokens = size;  // requests 0 .. size - 1
-      std::vector<uint16_t> out;
-      std::vector<float> lse;
-      RunGpuDecode(cache, batch, /*with_lse=*/true, &out, &lse, cuda::DecodeKernel::kV1,
-                   /*host_scalars=*/true, nullptr, &append);
-      for (int b = 0; b < size; ++b)
-        EXPECT_EQ(CompareWithReference(cache, batch, b, out, lse, 2.0), "");
-    }
+    // Every v1 kernel: one warp per sequence, and PV warps (whose softmax warp issues
+    // the first cache copies after the dependency wait) with and without QK ahead.
+    for (int size : {3, kRequests})
+      for (cuda::DecodeKernel kernel : {cuda::DecodeKernel::kV1Fused, cuda::DecodeKernel::kV1PvWarp,
+                                        cuda::DecodeKernel::kV1PvWarpQkAhead}) {
+        SCOPED_TRACE(testing::Message()
+                     << size << " requests, append inputs in "
+                     << (mapped ? "mapped host" : "device") << " memory, " << KernelName(kernel));
+        UploadBytes(stale, cache);
+        TestBatch batch = NewTokenBatch(cache, size);
+        AppendBatch append = appends[mapped];
+        append.num_tokens = size;  // requests 0 .. size - 1
+        std::vector<uint16_t> out;
+        std::vector<float> lse;
+        RunGpuDecode(cache, batch, /*with_lse=*/true, &out, &lse, kernel,
+                     /*host_scalars=*/true, nullptr, &append);
+        for (int b = 0; b < size; ++b)
+          EXPECT_EQ(CompareWithReference(cache, batch, b, out, lse, 2.0), "");
+      }
   }
 }
 

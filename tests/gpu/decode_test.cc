@@ -10,6 +10,7 @@
 
 #include "kernels/cpu_attention.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_launch.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/reference/reference_decode.h"
 
@@ -263,7 +264,8 @@ TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
   }
 }
 
-// v1 with G <= 8 runs each warp sequence's P*V on a second warp when the grid is small:
+// v1 with G <= 8 runs each warp sequence's P*V on a second warp when the grid is small
+// (and, with at most one CTA per SM, its QK one step ahead):
 // the same bits as one warp per sequence, at every head_dim, in both scale modes and
 // index forms, for lists of one and several chunks (cluster and global merges), with -1
 // and duplicates, both within 2 ulps of the reference.
@@ -291,22 +293,66 @@ TEST(DecodePvWarp, SameBitsAsOneWarpPerSequence) {
         specs.push_back(RequestSpec{i % 5, (i + 1) % 2, topks[i % 8], c.per_kv && i % 2 == 0,
                                     static_cast<uint32_t>(60 + i + 10 * n)});
       TestBatch batch = BuildBatch(cache, c.hq, specs);
-      std::vector<uint16_t> out[2];
-      std::vector<float> lse[2];
-      const DecodeKernel kernels[2] = {DecodeKernel::kV1Fused, DecodeKernel::kV1PvWarp};
-      for (int k = 0; k < 2; ++k) {
-        RunGpuDecode(cache, batch, true, &out[k], &lse[k], kernels[k]);
+      // Fused, PV warps, PV warps with QK one step ahead, and both PV kernels reading the
+      // request scalars from global memory (no host copies) instead of the launch
+      // parameters.
+      constexpr int kRuns = 5;
+      std::vector<uint16_t> out[kRuns];
+      std::vector<float> lse[kRuns];
+      const DecodeKernel kernels[kRuns] = {DecodeKernel::kV1Fused, DecodeKernel::kV1PvWarp,
+                                           DecodeKernel::kV1PvWarpQkAhead, DecodeKernel::kV1PvWarp,
+                                           DecodeKernel::kV1PvWarpQkAhead};
+      for (int k = 0; k < kRuns; ++k) {
+        RunGpuDecode(cache, batch, true, &out[k], &lse[k], kernels[k], /*host_scalars=*/k < 3);
         for (int b = 0; b < n; ++b)
           EXPECT_EQ("", CompareWithReference(cache, batch, b, out[k], lse[k], 2.0))
-              << KernelName(kernels[k]) << ", " << n << " requests, request " << b;
+              << KernelName(kernels[k]) << " run " << k << ", " << n << " requests, request " << b;
       }
-      ASSERT_EQ(out[0].size(), out[1].size());
-      EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 2))
-          << n << " requests";
-      EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * 4))
-          << "lse, " << n << " requests";
+      for (int k = 1; k < kRuns; ++k) {
+        ASSERT_EQ(out[0].size(), out[k].size());
+        EXPECT_EQ(0, std::memcmp(out[0].data(), out[k].data(), out[0].size() * 2))
+            << "run " << k << ", " << n << " requests";
+        EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[k].data(), lse[0].size() * 4))
+            << "lse, run " << k << ", " << n << " requests";
+      }
     }
   }
+}
+
+// pv_warp -1 (the default) picks PV warps with QK one step ahead while the grid has at
+// most one CTA per SM, PV warps while it fits one wave of their CTAs, fused warps above
+// (and always for G > 8), at every head_dim and scale mode.
+TEST(DecodePvWarp, ChoiceFollowsTheGridSize) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
+  ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  for (int d : {64, 128, 256})
+    for (bool per_token : {false, true})
+      for (int group : {1, 4, 8, 9, 16}) {
+        SCOPED_TRACE(testing::Message() << "D" << d << " G" << group << " per_token " << per_token);
+        auto choice = [&](int64_t ctas) {
+          int pv = -1;
+          EXPECT_EQ(cudaSuccess, cuda::DecodePvWarpChoice(d, group, per_token, ctas, &pv));
+          return pv;
+        };
+        if (group > 8) {
+          for (int64_t ctas : {1, sms, 100 * sms}) EXPECT_EQ(0, choice(ctas)) << ctas << " CTAs";
+          continue;
+        }
+        EXPECT_EQ(2, choice(1));
+        EXPECT_EQ(2, choice(sms));
+        const int above = choice(sms + 1);
+        EXPECT_TRUE(above == 1 || above == 0) << above;
+        // Head_dim 128 fits two 8-warp CTAs per SM (the 8-request case of the bench).
+        if (d == 128) {
+          EXPECT_EQ(1, above);
+          EXPECT_EQ(1, choice(2 * sms));
+        }
+        EXPECT_EQ(0, choice(16 * sms));
+      }
+  int pv = -1;
+  EXPECT_EQ(cudaErrorInvalidValue, cuda::DecodePvWarpChoice(96, 4, false, 1, &pv));
 }
 
 // v1 takes the per-request scalars (top-K, layer, offsets, index form) of batches of at

@@ -286,6 +286,8 @@ std::string KernelName(cuda::DecodeKernel kernel) {
       return "v1fused";
     case cuda::DecodeKernel::kV1PvWarp:
       return "v1pvwarp";
+    case cuda::DecodeKernel::kV1PvWarpQkAhead:
+      return "v1pvwarp_qkahead";
     default:
       return "default";
   }
