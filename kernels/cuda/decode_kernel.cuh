@@ -57,10 +57,20 @@ static_assert(kDecodeQkChains == 1 || kDecodeQkChains == 2 || kDecodeQkChains ==
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// Arrive at and wait on the cluster barrier twice (release / acquire semantics).
+// The cluster barrier without memory ordering: for a CTA that publishes nothing through
+// it, or whose reads of other CTAs' shared memory have all returned (their values were
+// used). cluster.sync()'s release costs a GPU-scope fence (MEMBAR.ALL.GPU), which waits
+// for the CTA's global stores (the outputs) to complete.
+__device__ __forceinline__ void ClusterSyncRelaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::
+                   : "memory");
+}
+
+// Takes part in both cluster barriers of a split request's merge without publishing or
+// reading anything (a CTA with no chunk, or of a one-chunk request).
 __device__ __forceinline__ void ClusterSyncTwice() {
-  cooperative_groups::this_cluster().sync();
-  cooperative_groups::this_cluster().sync();
+  ClusterSyncRelaxed();
+  ClusterSyncRelaxed();
 }
 
 // kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
@@ -785,7 +795,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
           },
           p.gate + head0 * D, finish);
     }
-    cluster.sync();  // chunk 0 is done reading: the other CTAs may exit
+    // Chunk 0 is done reading (every value it loaded was used before its outputs were
+    // stored): the other CTAs may exit. No ordering to publish, so no fence.
+    ClusterSyncRelaxed();
     return;
   }
   __threadfence();
