@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU run, on the GPU machine, from the repo root with ./gpu_bundle carried:
 # GPU tests, the same tests under compute-sanitizer memcheck (zero errors required),
-# racecheck of the decode with and without PV warps (zero hazards required), the
-# benchmark table, and ncu dram__bytes_read.sum of the seed case. Logs under $OUT.
+# racecheck of the decode with fused warps, PV warps and QK ahead (zero hazards
+# required), the benchmark table, and ncu dram__bytes_read.sum of the seed case. Logs
+# under $OUT.
 #   bash scripts/gpu_run.sh [--quick]   (--quick: skip memcheck and racecheck)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,19 +51,21 @@ if [[ $quick -eq 0 ]]; then
 fi
 
 if [[ $quick -eq 0 ]]; then
-  # racecheck of the v1 decode on two shapes, with and without PV warps (the launch picks
-  # PV warps for small grids; SDS_DECODE_PV_WARP forces either): zero hazards required.
-  echo "== compute-sanitizer racecheck (v1 decode, fused and PV warps)"
+  # racecheck of the v1 decode on three shapes (D 128, 64, 256), with fused warps, PV
+  # warps and PV warps with QK ahead (the launch picks by grid size; SDS_DECODE_PV_WARP
+  # forces one): zero hazards required.
+  echo "== compute-sanitizer racecheck (v1 decode, fused, PV warps, QK ahead)"
   shapes='Shapes/DecodeVsReference.EveryElementWithinTwoUlps/v1_Hq32_Hkv8_D128_P16_tensor_shared'
   shapes+=':Shapes/DecodeVsReference.EveryElementWithinTwoUlps/v1_Hq8_Hkv2_D64_P16_tokenhead_shared'
+  shapes+=':Shapes/DecodeVsReference.EveryElementWithinTwoUlps/v1_Hq8_Hkv1_D256_P64_tensor_shared'
   race_pids=()
-  for pv in 0 1; do
+  for pv in 0 1 2; do
     SDS_DECODE_PV_WARP=$pv timeout "${RACECHECK_TIMEOUT_S:-300}" compute-sanitizer \
       --tool racecheck --racecheck-report all --error-exitcode 3 --print-limit 20 \
       "$B/bin/sds_gpu_tests" --gtest_brief=1 --gtest_filter="$shapes" >"$OUT/racecheck_pv$pv.log" 2>&1 &
     race_pids+=($!)
   done
-  for pv in 0 1; do
+  for pv in 0 1 2; do
     wait "${race_pids[$pv]}" || status=1
     hazards=$(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_pv$pv.log" | tail -1)
     summary+=("racecheck SDS_DECODE_PV_WARP=$pv: ${hazards:-no RACECHECK SUMMARY line}")

@@ -439,9 +439,10 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
         if constexpr (kQkAhead) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) sc[c] = sc_next[c];
-          // Step i + 1's scores. After the last step this reads a stale stage and the
-          // result goes unused: no branch, so that the MMAs interleave with the softmax
-          // (with one, 1 request measured 0.6-0.9 us slower, bench/RESULTS.md).
+          // Step i + 1's scores. After the last step this reads a stale stage (no copy
+          // is pending into it; with fewer steps than stages, bytes never written) and
+          // the result goes unused: no branch, so that the MMAs interleave with the
+          // softmax (with one, 1 request measured 0.6-0.9 us slower, bench/RESULTS.md).
           qk_transposed(ring + ((i + 1) % T::kStages) * T::kStageBytes, sc_next);
         } else {
           qk_transposed(st, sc);

@@ -108,14 +108,17 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
 // idle), else fused warps. Builds with 8 warp sequences (-DSDS_DECODE_WARPS=8, an
 // experiment) have no PV warps: twice as many warps would cap registers at 64 and need
 // more named barriers than there are.
-// pv_warp -1's choice for a grid of `ctas` CTAs (see LaunchNarrow).
+// pv_warp -1's choice for a grid of `ctas` CTAs (see LaunchNarrow); pv_ctas_per_sm (may
+// be null): the PV-warp instance's resident CTAs per SM.
 template <int D, bool kPerToken>
-cudaError_t PickPvWarp(int64_t ctas, int* pv_warp) {
+cudaError_t PickPvWarp(int64_t ctas, int* pv_warp, int* pv_ctas_per_sm = nullptr) {
   *pv_warp = 0;
+  if (pv_ctas_per_sm != nullptr) *pv_ctas_per_sm = 0;
   if constexpr (kDecodeWarps == 4) {
     const KernelConfig& c = Configure<D, 8, kPerToken, true>();
     if (c.error != cudaSuccess) return c.error;
     *pv_warp = ctas <= c.sms ? 2 : ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm ? 1 : 0;
+    if (pv_ctas_per_sm != nullptr) *pv_ctas_per_sm = c.ctas_per_sm;
   }
   return cudaSuccess;
 }
@@ -169,20 +172,22 @@ cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head
 }
 
 cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_head, int64_t ctas,
-                               int* pv_warp) {
+                               int* pv_warp, int* pv_ctas_per_sm) {
   *pv_warp = 0;
+  if (pv_ctas_per_sm != nullptr) *pv_ctas_per_sm = 0;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
   if (group > 8) return cudaSuccess;
+  int* const per_sm = pv_ctas_per_sm;
   switch (head_dim) {
     case 64:
-      return per_token_head ? PickPvWarp<64, true>(ctas, pv_warp)
-                            : PickPvWarp<64, false>(ctas, pv_warp);
+      return per_token_head ? PickPvWarp<64, true>(ctas, pv_warp, per_sm)
+                            : PickPvWarp<64, false>(ctas, pv_warp, per_sm);
     case 128:
-      return per_token_head ? PickPvWarp<128, true>(ctas, pv_warp)
-                            : PickPvWarp<128, false>(ctas, pv_warp);
+      return per_token_head ? PickPvWarp<128, true>(ctas, pv_warp, per_sm)
+                            : PickPvWarp<128, false>(ctas, pv_warp, per_sm);
     case 256:
-      return per_token_head ? PickPvWarp<256, true>(ctas, pv_warp)
-                            : PickPvWarp<256, false>(ctas, pv_warp);
+      return per_token_head ? PickPvWarp<256, true>(ctas, pv_warp, per_sm)
+                            : PickPvWarp<256, false>(ctas, pv_warp, per_sm);
     default:
       return cudaErrorInvalidValue;
   }

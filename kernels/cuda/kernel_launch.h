@@ -17,13 +17,15 @@ namespace sds::cuda {
 // size (same bits).
 // pdl: with programmatic stream serialization (the CTAs may start before the previous
 // kernel of the stream ends). Returns the launch's error.
-// The PV-warp mode (0, 1, 2 as above) that pv_warp -1 picks for a v1 grid of `ctas` CTAs
-// (0 where G > 8). head_dim 64/128/256, else cudaErrorInvalidValue.
-cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_head, int64_t ctas,
-                               int* pv_warp);
-
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
                                 bool per_token_head, int pv_warp, bool pdl, cudaStream_t stream);
+
+// The PV-warp mode (0, 1, 2 as for EnqueueSparseDecode) that pv_warp -1 picks for a v1
+// grid of `ctas` CTAs (0 where G > 8), and the resident CTAs per SM of the PV-warp
+// instance it compares against (0 where G > 8; may be null). head_dim 64/128/256, else
+// cudaErrorInvalidValue.
+cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_head, int64_t ctas,
+                               int* pv_warp, int* pv_ctas_per_sm = nullptr);
 
 // Enqueues the v2 decode kernel (decode_v2_kernel.cuh): grid (fine ? max_units : 1,
 // Hkv / heads_per_cta, B), then, when fine and max_units > 1, the merge kernel (Hkv, B).

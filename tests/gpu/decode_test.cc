@@ -285,14 +285,22 @@ TEST(DecodePvWarp, SameBitsAsOneWarpPerSequence) {
     const std::vector<int32_t> lengths = {5000, 700, 2500, 90, c.page + 3};
     TestCache cache = BuildCache(2, c.hkv, c.d, c.page, c.mode, lengths, 4321 + c.hq + c.d);
     const int topks[] = {2048, 1, 16, 100, 513, 0, 1500, 19};
-    // 40 requests: more CTAs than SMs at every shape here, so both kernels merge split
-    // requests through the global workspace (smaller batches: clusters).
+    // 40 requests: more CTAs than SMs at every shape here (asserted below), so both
+    // kernels merge split requests through the global workspace (smaller batches:
+    // clusters).
     for (int n : {1, 3, 8, 40}) {
       std::vector<RequestSpec> specs;
       for (int i = 0; i < n; ++i)
         specs.push_back(RequestSpec{i % 5, (i + 1) % 2, topks[i % 8], c.per_kv && i % 2 == 0,
                                     static_cast<uint32_t>(60 + i + 10 * n)});
       TestBatch batch = BuildBatch(cache, c.hq, specs);
+      if (n == 40) {
+        int device = 0, sms = 0;
+        ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
+        ASSERT_EQ(cudaSuccess,
+                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        ASSERT_GT(int64_t{n} * c.hkv * cuda::DecodeChunks(batch.max_topk), sms);
+      }
       // Fused, PV warps, PV warps with QK one step ahead, and both PV kernels reading the
       // request scalars from global memory (no host copies) instead of the launch
       // parameters.
@@ -331,25 +339,31 @@ TEST(DecodePvWarp, ChoiceFollowsTheGridSize) {
     for (bool per_token : {false, true})
       for (int group : {1, 4, 8, 9, 16}) {
         SCOPED_TRACE(testing::Message() << "D" << d << " G" << group << " per_token " << per_token);
+        int per_sm = -1;
         auto choice = [&](int64_t ctas) {
           int pv = -1;
-          EXPECT_EQ(cudaSuccess, cuda::DecodePvWarpChoice(d, group, per_token, ctas, &pv));
+          EXPECT_EQ(cudaSuccess, cuda::DecodePvWarpChoice(d, group, per_token, ctas, &pv, &per_sm));
           return pv;
         };
         if (group > 8) {
           for (int64_t ctas : {1, sms, 100 * sms}) EXPECT_EQ(0, choice(ctas)) << ctas << " CTAs";
+          EXPECT_EQ(0, per_sm);
           continue;
         }
+        // QK ahead up to one CTA per SM, then PV warps up to one wave of their CTAs.
         EXPECT_EQ(2, choice(1));
         EXPECT_EQ(2, choice(sms));
-        const int above = choice(sms + 1);
-        EXPECT_TRUE(above == 1 || above == 0) << above;
+        ASSERT_GE(per_sm, 1);
+        const int64_t wave = static_cast<int64_t>(sms) * per_sm;  // of PV-warp CTAs
+        if (per_sm >= 2) {
+          EXPECT_EQ(1, choice(sms + 1)) << per_sm << " PV CTAs per SM";
+          EXPECT_EQ(1, choice(wave)) << per_sm << " PV CTAs per SM";
+        }
+        EXPECT_EQ(0, choice(wave + 1)) << per_sm << " PV CTAs per SM";
         // Head_dim 128 fits two 8-warp CTAs per SM (the 8-request case of the bench).
         if (d == 128) {
-          EXPECT_EQ(1, above);
-          EXPECT_EQ(1, choice(2 * sms));
+          EXPECT_EQ(2, per_sm);
         }
-        EXPECT_EQ(0, choice(16 * sms));
       }
   int pv = -1;
   EXPECT_EQ(cudaErrorInvalidValue, cuda::DecodePvWarpChoice(96, 4, false, 1, &pv));
