@@ -101,13 +101,6 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   return launch_plain();
 }
 
-// G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). pv_warp 0 / 1 / 2
-// forces fused warps / PV warps / PV warps with QK one step ahead; -1 picks QK-ahead PV
-// warps when the grid has at most one CTA per SM, PV warps when it fits their CTAs in
-// one wave (small batches, where a lone warp per scheduler leaves most issue slots
-// idle), else fused warps. Builds with 8 warp sequences (-DSDS_DECODE_WARPS=8, an
-// experiment) have no PV warps: twice as many warps would cap registers at 64 and need
-// more named barriers than there are.
 // pv_warp -1's choice for a grid of `ctas` CTAs (see LaunchNarrow); pv_ctas_per_sm (may
 // be null): the PV-warp instance's resident CTAs per SM.
 template <int D, bool kPerToken>
@@ -123,6 +116,13 @@ cudaError_t PickPvWarp(int64_t ctas, int* pv_warp, int* pv_ctas_per_sm = nullptr
   return cudaSuccess;
 }
 
+// G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). pv_warp 0 / 1 / 2
+// forces fused warps / PV warps / PV warps with QK one step ahead; -1 picks QK-ahead PV
+// warps when the grid has at most one CTA per SM, PV warps when it fits their CTAs in
+// one wave (small batches, where a lone warp per scheduler leaves most issue slots
+// idle), else fused warps. Builds with 8 warp sequences (-DSDS_DECODE_WARPS=8, an
+// experiment) have no PV warps: twice as many warps would cap registers at 64 and need
+// more named barriers than there are.
 template <int D, bool kPerToken>
 cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, int pv_warp, bool pdl,
                          cudaStream_t stream) {

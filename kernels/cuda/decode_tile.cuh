@@ -18,8 +18,6 @@ template <int D>
 inline constexpr int kDecodeDefaultStages = D == 256 ? 2
                                                      : (D == 128 ? kDecodeDefaultStagesD128 : 4);
 
-// kPvWarpT: each warp sequence has a second warp that runs its P*V (G <= 8 only; see
-// SparseDecodeKernel). The arithmetic does not depend on it.
 // One step's hand-off from a sequence's softmax warp to its PV warp (kPvWarp): lane l's
 // P^T fragments {pa0, pa2, pl0, pl2} and rescale factors of heads 2 tig, 2 tig + 1.
 // Structure of arrays, so that a warp's 16-byte and 8-byte accesses are contiguous (a
@@ -29,6 +27,8 @@ struct DecodePSlot {
   uint2 alpha[32];
 };
 
+// kPvWarpT: each warp sequence has a second warp that runs its P*V (G <= 8 only; see
+// SparseDecodeKernel). The arithmetic does not depend on it.
 template <int D, int kRows, bool kPerToken, int kStagesT, bool kPvWarpT = false>
 struct DecodeTile {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim");
