@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A/B/B/A comparison of two benchmark builds or flag sets, on the GPU machine, in one call:
 # each bench case runs A, B, B, A (so drift shows as a spread, not as a difference), and
-# the table prints v1 microseconds per run. Fails when a run fails or prints no figure.
+# the table prints v1 microseconds per run and a verdict: B faster / B slower when every
+# B run is beyond every A run by more than the larger spread of two runs of the same
+# code (|A1 - A2|, |B1 - B2|), else "within spread". Fails when a run fails or prints no
+# figure.
 #   A="gpu_bundle/bin/sds_gpu_bench --host_scalars off" \
 #   B="gpu_bundle/bin/sds_gpu_bench" bash scripts/gpu_ab.sh CASE...
 # CASE: a decode case name of sds_gpu_bench, or `append` (its v1 column is the append).
@@ -28,11 +31,24 @@ one() {
   echo "$us"
 }
 
-printf '%-18s %9s %9s %9s %9s\n' case A1 B1 B2 A2
+# The verdict of one case from its four figures (see the header).
+verdict() {
+  awk -v a1="$1" -v b1="$2" -v b2="$3" -v a2="$4" 'function abs(x) { return x < 0 ? -x : x }
+    BEGIN {
+      spread = abs(a1 - a2); if (abs(b1 - b2) > spread) spread = abs(b1 - b2)
+      amin = a1 < a2 ? a1 : a2; amax = a1 > a2 ? a1 : a2
+      bmin = b1 < b2 ? b1 : b2; bmax = b1 > b2 ? b1 : b2
+      if (amin - bmax > spread) printf "B faster (%.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1)
+      else if (bmin - amax > spread) printf "B slower (+%.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1)
+      else printf "within spread"
+    }'
+}
+
+printf '%-18s %9s %9s %9s %9s  %s\n' case A1 B1 B2 A2 verdict
 for name in "$@"; do
   a1=$(one "$A" "$name" a1)
   b1=$(one "$B" "$name" b1)
   b2=$(one "$B" "$name" b2)
   a2=$(one "$A" "$name" a2)
-  printf '%-18s %9s %9s %9s %9s\n' "$name" "$a1" "$b1" "$b2" "$a2"
+  printf '%-18s %9s %9s %9s %9s  %s\n' "$name" "$a1" "$b1" "$b2" "$a2" "$(verdict "$a1" "$b1" "$b2" "$a2")"
 done
