@@ -38,5 +38,24 @@ for label in A B B A; do
   [[ -n $rows ]] || { echo "e2e_ab: run $run ($label) printed no case rows" >&2; exit 1; }
   [[ $run -eq 1 ]] && grep -E '^\| case ' "$out/summary.md" | sed 's/^/    /'
   sed "s/^/$label$run /" <<<"$rows"
+  sed "s/^/$run /" <<<"$rows" >>"$work/rows.txt"
 done
+# Per case, server token-layers/s of runs A1 B2 B3 A4: B higher / lower only when every B
+# run is beyond every A run by more than the larger same-binary spread, else "within
+# spread".
+echo "verdict (server token-layers/s, A1 B2 B3 A4):"
+awk -F'|' '{ split($1, r, " "); c = $2; gsub(/ /, "", c); v[c, r[1]] = $4 + 0; if (!(c in seen)) { seen[c] = 1; order[++n] = c } }
+  function abs(x) { return x < 0 ? -x : x }
+  END {
+    for (i = 1; i <= n; ++i) {
+      c = order[i]; a1 = v[c, 1]; b1 = v[c, 2]; b2 = v[c, 3]; a2 = v[c, 4]
+      spread = abs(a1 - a2); if (abs(b1 - b2) > spread) spread = abs(b1 - b2)
+      amin = a1 < a2 ? a1 : a2; amax = a1 > a2 ? a1 : a2
+      bmin = b1 < b2 ? b1 : b2; bmax = b1 > b2 ? b1 : b2
+      verdict = "within spread"
+      if (bmin - amax > spread) verdict = sprintf("B higher (+%.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1))
+      if (amin - bmax > spread) verdict = sprintf("B lower (%.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1))
+      printf "  %-18s %9d %9d %9d %9d  %s\n", c, a1, b1, b2, a2, verdict
+    }
+  }' "$work/rows.txt"
 echo "e2e_ab: logs and JSON in $work"
