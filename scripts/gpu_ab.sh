@@ -38,8 +38,10 @@ verdict() {
       spread = abs(a1 - a2); if (abs(b1 - b2) > spread) spread = abs(b1 - b2)
       amin = a1 < a2 ? a1 : a2; amax = a1 > a2 ? a1 : a2
       bmin = b1 < b2 ? b1 : b2; bmax = b1 > b2 ? b1 : b2
-      if (amin - bmax > spread) printf "B faster (%.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1)
-      else if (bmin - amax > spread) printf "B slower (+%.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1)
+      spread += 1e-9  # a gap equal to the spread (up to rounding) is not beyond it
+      change = a1 + a2 > 0 ? sprintf(" (%+.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1)) : ""
+      if (amin - bmax > spread) printf "B faster%s", change
+      else if (bmin - amax > spread) printf "B slower%s", change
       else printf "within spread"
     }'
 }

@@ -796,8 +796,14 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
           },
           p.gate + head0 * D, finish);
     }
-    // Chunk 0 is done reading (every value it loaded was used before its outputs were
-    // stored): the other CTAs may exit. No ordering to publish, so no fence.
+    // Chunk 0 is done reading: the other CTAs may exit. Nothing is published through
+    // this barrier, so no fence. Invariant this relies on: every value chunk 0 loads from
+    // another CTA's shared memory is consumed (MergeChunks accumulates each one) before
+    // it arrives, so those loads have completed; the PTX model itself promises no
+    // ordering for a relaxed arrive. A remote load whose value went unused before this
+    // point would break it (racecheck would not notice). Formal alternative, not measured
+    // yet: a release arrive right after MergeChunks' accumulation, the wait after the
+    // output stores (docs/TEAM_NOTES.md, eighth session).
     ClusterSyncRelaxed();
     return;
   }
