@@ -34,6 +34,11 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+ABSL_FLAG(bool, check_flags, false,
+          "validate the other flags as a start would, print the result and exit (0: they are "
+          "good, 2: they are not) without allocating the cache or listening; the backend's "
+          "availability (a GPU for --backend=cuda) and the memory are not checked. For "
+          "deployment manifests and config reviews");
 ABSL_FLAG(int32_t, drain_linger_ms, 0,
           "on SIGTERM/SIGINT, once queued work and open streams are done, keep the port open "
           "this long (within --drain_timeout_s), answering new RPCs UNAVAILABLE, before "
@@ -279,6 +284,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decode_server: invalid flags: --drain_linger_ms must be >= 0 (got %d)\n",
                  drain_linger_ms);
     return 2;
+  }
+  if (absl::GetFlag(FLAGS_check_flags)) {
+    std::printf("decode_server: flags ok (backend availability and memory not checked)\n");
+    return 0;
   }
   // Once the flags are known good (a run with bad flags prints one line, nothing else)
   // and before the server allocates its buffers. Refused under AddressSanitizer.
