@@ -101,24 +101,26 @@ bool EnvPdl() {
 }
 
 // SDS_DECODE_PV_WARP=0|1|2 (diagnostics): v1 without PV warps / with / with QK one step
-// ahead, for G <= 8; -1 (unset or any other value) = chosen per launch from the grid size.
-int32_t EnvPvWarp() {
-  static const int32_t pv_warp = [] {
+// ahead, for G <= 8; unset or any other value: chosen per launch from the grid size.
+V1Warps EnvV1Warps() {
+  static const V1Warps warps = [] {
     const char* v = std::getenv("SDS_DECODE_PV_WARP");
-    if (v == nullptr) return -1;
-    const std::string s(v);
-    return s == "2" ? 2 : s == "1" ? 1 : s == "0" ? 0 : -1;
+    const std::string s(v == nullptr ? "" : v);
+    return s == "2"   ? V1Warps::kPvWarpQkAhead
+           : s == "1" ? V1Warps::kPvWarp
+           : s == "0" ? V1Warps::kFused
+                      : V1Warps::kAuto;
   }();
-  return pv_warp;
+  return warps;
 }
 
-// v1's PV-warp choice for `kernel`: forced by kV1Fused / kV1PvWarp / kV1PvWarpQkAhead,
-// else the environment's (-1: chosen per launch).
-int32_t PvWarp(DecodeKernel kernel) {
-  if (kernel == DecodeKernel::kV1Fused) return 0;
-  if (kernel == DecodeKernel::kV1PvWarp) return 1;
-  if (kernel == DecodeKernel::kV1PvWarpQkAhead) return 2;
-  return EnvPvWarp();
+// v1's warps for `kernel`: forced by kV1Fused / kV1PvWarp / kV1PvWarpQkAhead, else the
+// environment's (kAuto: chosen per launch).
+V1Warps WarpsOf(DecodeKernel kernel) {
+  if (kernel == DecodeKernel::kV1Fused) return V1Warps::kFused;
+  if (kernel == DecodeKernel::kV1PvWarp) return V1Warps::kPvWarp;
+  if (kernel == DecodeKernel::kV1PvWarpQkAhead) return V1Warps::kPvWarpQkAhead;
+  return EnvV1Warps();
 }
 
 // SDS_DECODE_V2_HEADS (diagnostics): KV heads per v2 CTA, 0 (unset) = chosen per batch.
@@ -278,7 +280,7 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   }
   if (!v2)
     return CudaCall(EnqueueSparseDecode(p, geo.head_dim, batch.num_requests, per_token,
-                                        PvWarp(kernel), after_append && EnvPdl(), stream),
+                                        WarpsOf(kernel), after_append && EnvPdl(), stream),
                     "sparse decode kernel launch");
   if (absl::Status s = PlanV2(kernel, batch.num_requests, batch.num_q_heads, geo, max_topk,
                               workspace.partial == nullptr ? 0 : workspace.capacity_floats, &p);

@@ -68,15 +68,18 @@ int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads);
 
 // One launch for the whole batch (v2 fine split: plus a merge launch). `max_topk` is the
 // largest batch.topk[b] (host value). batch.q and batch.gate must be 8-byte aligned and
-// workspace.partial 16-byte aligned (INVALID_ARGUMENT otherwise). Every kernel gives the same bits
-// for a request whatever the batch; v1 and v2 agree within rounding, not bitwise. host_batch
-// (optional): host copies of the batch's [B] arrays layer, page_table_offset, index_offset, topk
-// and indices_per_kv_head, equal to the device ones (its other pointers are not read). With at most
-// DecodeInlineRequests() requests, v1 then takes them from its launch parameters instead of global
-// memory (one dependent load fewer; same bits). after_append: the previous work on `stream` is the
-// batch's append kernel (LaunchAppend), and nothing but it may still be writing what the decode
-// reads. v1 is then launched with programmatic dependent launch: its CTAs resolve their index lists
-// and page tables while the append runs and read the cache only once the append has completed (same
+// workspace.partial 16-byte aligned (INVALID_ARGUMENT otherwise). Every kernel gives the
+// same bits for a request whatever the batch; v1 and v2 agree within rounding, not
+// bitwise.
+// host_batch (optional): host copies of the batch's [B] arrays layer, page_table_offset,
+// index_offset, topk and indices_per_kv_head, equal to the device ones (its other
+// pointers are not read). With at most DecodeInlineRequests() requests, v1 then takes
+// them from its launch parameters instead of global memory (one dependent load fewer;
+// same bits).
+// after_append: the previous work on `stream` is the batch's append kernel (LaunchAppend),
+// and nothing but it may still be writing what the decode reads. v1 is then launched
+// with programmatic dependent launch: its CTAs resolve their index lists and page tables
+// while the append runs and read the cache only once the append has completed (same
 // bits). SDS_DECODE_PDL=0 in the environment turns this off (diagnostics); v2 ignores it.
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
                           const DecodeWorkspace& workspace, cudaStream_t stream,

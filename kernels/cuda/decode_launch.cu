@@ -101,44 +101,46 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   return launch_plain();
 }
 
-// pv_warp -1's choice for a grid of `ctas` CTAs (see LaunchNarrow); pv_ctas_per_sm (may
-// be null): the PV-warp instance's resident CTAs per SM.
+// V1Warps::kAuto's choice for a grid of `ctas` CTAs (see LaunchNarrow); pv_ctas_per_sm
+// (may be null): the PV-warp instance's resident CTAs per SM.
 template <int D, bool kPerToken>
-cudaError_t PickPvWarp(int64_t ctas, int* pv_warp, int* pv_ctas_per_sm = nullptr) {
-  *pv_warp = 0;
+cudaError_t PickPvWarp(int64_t ctas, V1Warps* warps, int* pv_ctas_per_sm = nullptr) {
+  *warps = V1Warps::kFused;
   if (pv_ctas_per_sm != nullptr) *pv_ctas_per_sm = 0;
   if constexpr (kDecodeWarps == 4) {
     const KernelConfig& c = Configure<D, 8, kPerToken, true>();
     if (c.error != cudaSuccess) return c.error;
-    *pv_warp = ctas <= c.sms ? 2 : ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm ? 1 : 0;
+    if (ctas <= c.sms)
+      *warps = V1Warps::kPvWarpQkAhead;
+    else if (ctas <= static_cast<int64_t>(c.sms) * c.ctas_per_sm)
+      *warps = V1Warps::kPvWarp;
     if (pv_ctas_per_sm != nullptr) *pv_ctas_per_sm = c.ctas_per_sm;
   }
   return cudaSuccess;
 }
 
-// G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). pv_warp 0 / 1 / 2
-// forces fused warps / PV warps / PV warps with QK one step ahead; -1 picks QK-ahead PV
-// warps when the grid has at most one CTA per SM, PV warps when it fits their CTAs in
-// one wave (small batches, where a lone warp per scheduler leaves most issue slots
-// idle), else fused warps. Builds with 8 warp sequences (-DSDS_DECODE_WARPS=8, an
-// experiment) have no PV warps: twice as many warps would cap registers at 64 and need
-// more named barriers than there are.
+// G <= 8: with or without PV warps (same bits, see SparseDecodeKernel). V1Warps::kAuto
+// picks QK-ahead PV warps when the grid has at most one CTA per SM, PV warps when it
+// fits their CTAs in one wave (small batches, where a lone warp per scheduler leaves
+// most issue slots idle), else fused warps; the other values force one. Builds with 8 warp
+// sequences (-DSDS_DECODE_WARPS=8, an experiment) have no PV warps: twice as many warps would cap
+// registers at 64 and need more named barriers than there are.
 template <int D, bool kPerToken>
-cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, int pv_warp, bool pdl,
+cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, V1Warps warps, bool pdl,
                          cudaStream_t stream) {
   if constexpr (kDecodeWarps != 4) {
     return Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
   } else {
-    if (pv_warp < 0) {
+    if (warps == V1Warps::kAuto) {
       const int64_t ctas =
           static_cast<int64_t>(params.num_kv_heads) * params.max_chunks * num_requests;
-      const cudaError_t err = PickPvWarp<D, kPerToken>(ctas, &pv_warp);
+      const cudaError_t err = PickPvWarp<D, kPerToken>(ctas, &warps);
       if (err != cudaSuccess) return err;
     }
-    switch (pv_warp) {
-      case 2:
+    switch (warps) {
+      case V1Warps::kPvWarpQkAhead:
         return Launch<D, 8, kPerToken, true, true>(params, num_requests, pdl, stream);
-      case 1:
+      case V1Warps::kPvWarp:
         return Launch<D, 8, kPerToken, true>(params, num_requests, pdl, stream);
       default:
         return Launch<D, 8, kPerToken, false>(params, num_requests, pdl, stream);
@@ -148,13 +150,13 @@ cudaError_t LaunchNarrow(const DecodeParams& params, int32_t num_requests, int p
 
 template <int D>
 cudaError_t LaunchForDim(const DecodeParams& params, int32_t num_requests, bool per_token,
-                         int pv_warp, bool pdl, cudaStream_t stream) {
+                         V1Warps warps, bool pdl, cudaStream_t stream) {
   if (params.group > 8) {  // no PV warps: that P*V layout has P as the A operand
     return per_token ? Launch<D, 16, true, false>(params, num_requests, pdl, stream)
                      : Launch<D, 16, false, false>(params, num_requests, pdl, stream);
   }
-  return per_token ? LaunchNarrow<D, true>(params, num_requests, pv_warp, pdl, stream)
-                   : LaunchNarrow<D, false>(params, num_requests, pv_warp, pdl, stream);
+  return per_token ? LaunchNarrow<D, true>(params, num_requests, warps, pdl, stream)
+                   : LaunchNarrow<D, false>(params, num_requests, warps, pdl, stream);
 }
 
 }  // namespace
@@ -172,36 +174,36 @@ cudaError_t DecodeOccupancy(int32_t head_dim, int32_t group, bool per_token_head
 }
 
 cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_head, int64_t ctas,
-                               int* pv_warp, int* pv_ctas_per_sm) {
-  *pv_warp = 0;
+                               V1Warps* warps, int* pv_ctas_per_sm) {
+  *warps = V1Warps::kFused;
   if (pv_ctas_per_sm != nullptr) *pv_ctas_per_sm = 0;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
   if (group > 8) return cudaSuccess;
   int* const per_sm = pv_ctas_per_sm;
   switch (head_dim) {
     case 64:
-      return per_token_head ? PickPvWarp<64, true>(ctas, pv_warp, per_sm)
-                            : PickPvWarp<64, false>(ctas, pv_warp, per_sm);
+      return per_token_head ? PickPvWarp<64, true>(ctas, warps, per_sm)
+                            : PickPvWarp<64, false>(ctas, warps, per_sm);
     case 128:
-      return per_token_head ? PickPvWarp<128, true>(ctas, pv_warp, per_sm)
-                            : PickPvWarp<128, false>(ctas, pv_warp, per_sm);
+      return per_token_head ? PickPvWarp<128, true>(ctas, warps, per_sm)
+                            : PickPvWarp<128, false>(ctas, warps, per_sm);
     case 256:
-      return per_token_head ? PickPvWarp<256, true>(ctas, pv_warp, per_sm)
-                            : PickPvWarp<256, false>(ctas, pv_warp, per_sm);
+      return per_token_head ? PickPvWarp<256, true>(ctas, warps, per_sm)
+                            : PickPvWarp<256, false>(ctas, warps, per_sm);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
-                                bool per_token_head, int pv_warp, bool pdl, cudaStream_t stream) {
+                                bool per_token_head, V1Warps warps, bool pdl, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return LaunchForDim<64>(params, num_requests, per_token_head, pv_warp, pdl, stream);
+      return LaunchForDim<64>(params, num_requests, per_token_head, warps, pdl, stream);
     case 128:
-      return LaunchForDim<128>(params, num_requests, per_token_head, pv_warp, pdl, stream);
+      return LaunchForDim<128>(params, num_requests, per_token_head, warps, pdl, stream);
     case 256:
-      return LaunchForDim<256>(params, num_requests, per_token_head, pv_warp, pdl, stream);
+      return LaunchForDim<256>(params, num_requests, per_token_head, warps, pdl, stream);
     default:
       return cudaErrorInvalidValue;
   }

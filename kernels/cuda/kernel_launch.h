@@ -11,21 +11,23 @@
 
 namespace sds::cuda {
 
-// Enqueues the sparse decode kernel: grid (Hkv, max_chunks, B). head_dim 64/128/256,
-// group 1..16 (checked by the caller). pv_warp (G <= 8; ignored above): 0 without a PV
-// warp per warp sequence, 1 with, 2 with and QK one step ahead, -1 to pick from the grid
-// size (same bits).
-// pdl: with programmatic stream serialization (the CTAs may start before the previous
-// kernel of the stream ends). Returns the launch's error.
-cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
-                                bool per_token_head, int pv_warp, bool pdl, cudaStream_t stream);
+// The v1 decode's warps for G <= 8 (ignored above; same bits every way): one warp per
+// warp sequence, a second warp per sequence for its P*V, that with QK one step ahead, or
+// picked from the grid size (DecodePvWarpChoice).
+enum class V1Warps : int32_t { kAuto = -1, kFused = 0, kPvWarp = 1, kPvWarpQkAhead = 2 };
 
-// The PV-warp mode (0, 1, 2 as for EnqueueSparseDecode) that pv_warp -1 picks for a v1
-// grid of `ctas` CTAs (0 where G > 8), and the resident CTAs per SM of the PV-warp
-// instance it compares against (0 where G > 8; may be null). head_dim 64/128/256, else
-// cudaErrorInvalidValue.
+// Enqueues the sparse decode kernel: grid (Hkv, max_chunks, B). head_dim 64/128/256,
+// group 1..16 (checked by the caller). pdl: with programmatic stream serialization (the
+// CTAs may start before the previous kernel of the stream ends). Returns the launch's
+// error.
+cudaError_t EnqueueSparseDecode(const DecodeParams& params, int32_t head_dim, int32_t num_requests,
+                                bool per_token_head, V1Warps warps, bool pdl, cudaStream_t stream);
+
+// What V1Warps::kAuto picks for a v1 grid of `ctas` CTAs (kFused where G > 8), and the
+// resident CTAs per SM of the PV-warp instance it compares against (0 where G > 8; may
+// be null). head_dim 64/128/256, else cudaErrorInvalidValue.
 cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_head, int64_t ctas,
-                               int* pv_warp, int* pv_ctas_per_sm = nullptr);
+                               V1Warps* warps, int* pv_ctas_per_sm = nullptr);
 
 // Enqueues the v2 decode kernel (decode_v2_kernel.cuh): grid (fine ? max_units : 1,
 // Hkv / heads_per_cta, B), then, when fine and max_units > 1, the merge kernel (Hkv, B).

@@ -24,6 +24,7 @@ struct Config {
 };
 
 using cuda::DecodeKernel;
+using cuda::V1Warps;
 using Param = std::tuple<Config, DecodeKernel>;
 
 std::string Name(const ::testing::TestParamInfo<Param>& info) {
@@ -224,8 +225,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DecodeBatchInvariance,
 // chunks: cluster) or beside a top-K 5000 list (10 chunks: global workspace).
 TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
-  int sms = 0;
-  Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  const int sms = SmCount();
   if (sms < 96) GTEST_SKIP() << sms << " SMs: the 96-CTA batch would not take the cluster path";
   struct Shape {
     int hq, hkv, d;
@@ -295,11 +295,7 @@ TEST(DecodePvWarp, SameBitsAsOneWarpPerSequence) {
                                     static_cast<uint32_t>(60 + i + 10 * n)});
       TestBatch batch = BuildBatch(cache, c.hq, specs);
       if (n == 40) {
-        int device = 0, sms = 0;
-        ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
-        ASSERT_EQ(cudaSuccess,
-                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        ASSERT_GT(int64_t{n} * c.hkv * cuda::DecodeChunks(batch.max_topk), sms);
+        ASSERT_GT(int64_t{n} * c.hkv * cuda::DecodeChunks(batch.max_topk), SmCount());
       }
       // Fused, PV warps, PV warps with QK one step ahead, and both PV kernels reading the
       // request scalars from global memory (no host copies) instead of the launch
@@ -327,39 +323,39 @@ TEST(DecodePvWarp, SameBitsAsOneWarpPerSequence) {
   }
 }
 
-// pv_warp -1 (the default) picks PV warps with QK one step ahead while the grid has at
+// V1Warps::kAuto (the default) picks PV warps with QK one step ahead while the grid has at
 // most one CTA per SM, PV warps while it fits one wave of their CTAs, fused warps above
 // (and always for G > 8), at every head_dim and scale mode.
 TEST(DecodePvWarp, ChoiceFollowsTheGridSize) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
-  int device = 0, sms = 0;
-  ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
-  ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = SmCount();
   for (int d : {64, 128, 256})
     for (bool per_token : {false, true})
       for (int group : {1, 4, 8, 9, 16}) {
         SCOPED_TRACE(testing::Message() << "D" << d << " G" << group << " per_token " << per_token);
         int per_sm = -1;
         auto choice = [&](int64_t ctas) {
-          int pv = -1;
-          EXPECT_EQ(cudaSuccess, cuda::DecodePvWarpChoice(d, group, per_token, ctas, &pv, &per_sm));
-          return pv;
+          V1Warps warps = V1Warps::kAuto;
+          EXPECT_EQ(cudaSuccess,
+                    cuda::DecodePvWarpChoice(d, group, per_token, ctas, &warps, &per_sm));
+          return warps;
         };
         if (group > 8) {
-          for (int64_t ctas : {1, sms, 100 * sms}) EXPECT_EQ(0, choice(ctas)) << ctas << " CTAs";
+          for (int64_t ctas : {1, sms, 100 * sms})
+            EXPECT_EQ(V1Warps::kFused, choice(ctas)) << ctas << " CTAs";
           EXPECT_EQ(0, per_sm);
           continue;
         }
         // QK ahead up to one CTA per SM, then PV warps up to one wave of their CTAs.
-        EXPECT_EQ(2, choice(1));
-        EXPECT_EQ(2, choice(sms));
+        EXPECT_EQ(V1Warps::kPvWarpQkAhead, choice(1));
+        EXPECT_EQ(V1Warps::kPvWarpQkAhead, choice(sms));
         ASSERT_GE(per_sm, 1);
         const int64_t wave = static_cast<int64_t>(sms) * per_sm;  // of PV-warp CTAs
         if (per_sm >= 2) {
-          EXPECT_EQ(1, choice(sms + 1)) << per_sm << " PV CTAs per SM";
-          EXPECT_EQ(1, choice(wave)) << per_sm << " PV CTAs per SM";
+          EXPECT_EQ(V1Warps::kPvWarp, choice(sms + 1)) << per_sm << " PV CTAs per SM";
+          EXPECT_EQ(V1Warps::kPvWarp, choice(wave)) << per_sm << " PV CTAs per SM";
         }
-        EXPECT_EQ(0, choice(wave + 1)) << per_sm << " PV CTAs per SM";
+        EXPECT_EQ(V1Warps::kFused, choice(wave + 1)) << per_sm << " PV CTAs per SM";
         // What an sm_90 SM (228 KB shared memory, 64K registers) holds of the PV-warp
         // instances, pinned so that the rule cannot follow the wrong instance's
         // occupancy unnoticed: head_dim 64 at least two, 128 two (the 8-request case of
@@ -370,8 +366,8 @@ TEST(DecodePvWarp, ChoiceFollowsTheGridSize) {
           EXPECT_EQ(d == 128 ? 2 : 1, per_sm);
         }
       }
-  int pv = -1;
-  EXPECT_EQ(cudaErrorInvalidValue, cuda::DecodePvWarpChoice(96, 4, false, 1, &pv));
+  V1Warps warps = V1Warps::kAuto;
+  EXPECT_EQ(cudaErrorInvalidValue, cuda::DecodePvWarpChoice(96, 4, false, 1, &warps));
 }
 
 // v1 takes the per-request scalars (top-K, layer, offsets, index form) of batches of at

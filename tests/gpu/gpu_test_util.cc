@@ -32,6 +32,13 @@ void Check(cudaError_t err, const char* what) {
   std::abort();
 }
 
+int SmCount() {
+  int device = 0, sms = 0;
+  Check(cudaGetDevice(&device), "current device");
+  Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  return sms;
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes) Check(cudaMalloc(&ptr_, bytes), "cudaMalloc");
 }

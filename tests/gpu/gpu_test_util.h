@@ -20,6 +20,9 @@ bool HaveGpu();
 // Aborts the test binary with the CUDA error text (setup failures only).
 void Check(cudaError_t err, const char* what);
 
+// Streaming multiprocessors of the current device (a GPU must be present).
+int SmCount();
+
 // Owning device allocation.
 class DeviceBuffer {
  public:
