@@ -19,11 +19,11 @@
 // with the same operations in the same order, so results are bitwise independent of the
 // batch. The ring depth only sets how far each warp prefetches, never the
 // arithmetic order (deeper rings for small grids measured no faster: bench/RESULTS.md).
-// Prologue: each warp sequence resolves its own tokens (steps s, s + W, ...) to cache rows
-// and issues its first cp.async stages before the CTA loads Q, so the Q load and the
-// f16 fragment build overlap the first K/V round trip. Launched with programmatic
-// dependent launch (after the append), the CTA waits for the previous kernel between
-// resolving its rows and issuing its first cache reads.
+// Prologue: every thread loads its Q values first; then each warp sequence resolves its
+// own tokens (steps s, s + W, ...) to cache rows and issues its first cp.async stages, so
+// the Q round trip and the f16 fragment build overlap the index -> page table -> K/V
+// chain. Launched with programmatic dependent launch (after the append), the CTA waits
+// for the previous kernel between resolving its rows and issuing its first cache reads.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -158,6 +158,25 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   uint8_t* qfrag = smem + T::kQFragOffset;
 
   const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + static_cast<int64_t>(kvh) * G;
+  // Q [G, D] bf16 of these heads, loaded first: each thread exactly the Q values of its own
+  // f16 fragments (fragment e = (ks, lane): rows g0, g0 + 8, columns d0 .. d0 + 3), used
+  // in step 2. Issued before the index list -> page table -> rows chain, so that its
+  // round trip overlaps the chain's (issued after it, Q arrived after the first K/V stage
+  // and the CTA waited for it: Nsight Compute, bench/RESULTS.md).
+  uint2 raw[T::kQFragPerThread][2];  // [it][row g0 | g0 + 8]: q[row][d0 .. d0 + 3]
+  {
+    const uint16_t* qg = p.q + head0 * D;
+#pragma unroll
+    for (int it = 0; it < T::kQFragPerThread; ++it) {
+      const int e = min(tid + it * T::kThreads, T::kKSteps * 32 - 1);
+      const int ks = e >> 5, ln = e & 31, g0 = ln >> 2, d0 = (ln & 3) * (D / 4) + 4 * ks;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int g = g0 + 8 * h;
+        raw[it][h] = g < G ? *reinterpret_cast<const uint2*>(qg + g * D + d0) : make_uint2(0, 0);
+      }
+    }
+  }
   // The finishing CTA reads gate [G, D] bf16 of these heads last: start it towards L2 now
   // (128-byte lines; every chunk CTA asks, any of them may finish). Layer scales too.
   if (tid * 64 < G * D) {
@@ -176,21 +195,45 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   const uint8_t* vbase = p.v + elem_base;
 
   // Copies step i of this sequence (chunk step seq + 4 i) into ring slot i % kStages
-  // (the softmax warp's job).
-  auto issue = [&](int i) {
-    const int step = seq + kDecodeWarps * i;
+  // (the softmax warp's job). Lane l copies piece l % kRowChunks of the kRowsPerLane
+  // adjacent rows from r0 = (l / kRowChunks) kRowsPerLane, so each copy instruction still
+  // reads whole rows, and the lane's row numbers come from shared memory in one vector load
+  // before its first copy: a cp.async writes shared memory, so the compiler keeps every
+  // rows[] load after it behind it (one load round trip per row, 45 % of the softmax
+  // warp's step with per-row loads: Nsight Compute, bench/RESULTS.md).
+  constexpr int kRowsPerLane = T::kRowChunks / 2;  // 16 rows x kRowChunks pieces / 32 lanes
+  static_assert(kRowsPerLane == 2 || kRowsPerLane % 4 == 0, "row vector loads");
+  const int issue_c = lane % T::kRowChunks, issue_r0 = (lane / T::kRowChunks) * kRowsPerLane;
+  using IssueRows = int32_t[kRowsPerLane];
+  auto load_rows = [&](int i, IssueRows& rr) {
+    const int32_t* src = rows + (seq + kDecodeWarps * i) * kDecodeStepTokens + issue_r0;
+    if constexpr (kRowsPerLane == 2) {
+      const int2 v = *reinterpret_cast<const int2*>(src);
+      rr[0] = v.x, rr[1] = v.y;
+    } else {
+#pragma unroll
+      for (int q = 0; q < kRowsPerLane / 4; ++q) {
+        const int4 v = reinterpret_cast<const int4*>(src)[q];
+        rr[4 * q] = v.x, rr[4 * q + 1] = v.y, rr[4 * q + 2] = v.z, rr[4 * q + 3] = v.w;
+      }
+    }
+  };
+  auto issue_rows = [&](int i, const IssueRows& rr) {
     uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
 #pragma unroll
-    for (int it = 0; it < T::kRowChunks / 2; ++it) {
-      const int e = lane + 32 * it;
-      const int r = e / T::kRowChunks, c = e % T::kRowChunks;
-      const int32_t row = rows[step * kDecodeStepTokens + r];
+    for (int it = 0; it < kRowsPerLane; ++it) {
+      const int32_t row = rr[it];
       const bool valid = row >= 0;
-      const int64_t off = valid ? static_cast<int64_t>(row) * D + c * 16 : 0;
-      const int piece = T::Piece(r, c);
+      const int64_t off = valid ? static_cast<int64_t>(row) * D + issue_c * 16 : 0;
+      const int piece = T::Piece(issue_r0 + it, issue_c);
       CpAsync16(SmemAddress(st + piece), kbase + off, valid);
       CpAsync16(SmemAddress(st + kDecodeStepTokens * D + piece), vbase + off, valid);
     }
+  };
+  auto issue = [&](int i) {
+    IssueRows rr;
+    load_rows(i, rr);
+    issue_rows(i, rr);
   };
 
   // ---- 1. This warp's tokens -> cache rows, then its first ring stages (no CTA barrier). ----
@@ -233,9 +276,14 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     // a PV warp (which may still read the slot of the previous step).
     constexpr int kAhead = kPvWarp ? T::kStages - 2 : T::kStages - 1;
     if (softmax_warp) {
+      // Every row number first, then the copies (see issue).
+      IssueRows rr[kAhead];
+#pragma unroll
+      for (int i = 0; i < kAhead; ++i)
+        if (i < my_steps) load_rows(i, rr[i]);
 #pragma unroll
       for (int i = 0; i < kAhead; ++i) {
-        if (i < my_steps) issue(i);
+        if (i < my_steps) issue_rows(i, rr[i]);
         CpAsyncCommit();
       }
     }
@@ -255,22 +303,16 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
 
   // ---- 2. Q of the G query heads of this KV head: max |q| and f16 MMA fragments. ----
   float qinv_all;
-  // Each thread loads from global memory exactly the Q values of its own fragments
-  // (fragment e = (ks, lane): rows g0, g0 + 8, columns d0 .. d0 + 3); over the CTA they
-  // cover Q [G, D] once, so max |q| comes from the same registers. (A shared-memory
-  // staging copy read back per bf16 cost 16-way bank conflicts: bench/RESULTS.md.)
+  // Each thread loaded (raw, at the top) exactly the Q values of its own fragments; over
+  // the CTA they cover Q [G, D] once, so max |q| comes from the same registers. (A
+  // shared-memory staging copy read back per bf16 cost 16-way bank conflicts:
+  // bench/RESULTS.md.)
   {
-    const uint16_t* qg = p.q + head0 * D;  // [G, D] bf16
-    uint2 raw[T::kQFragPerThread][2];      // [it][row g0 | g0 + 8]: q[row][d0 .. d0 + 3]
     float local_max = 0.0f;
 #pragma unroll
     for (int it = 0; it < T::kQFragPerThread; ++it) {
-      const int e = min(tid + it * T::kThreads, T::kKSteps * 32 - 1);
-      const int ks = e >> 5, ln = e & 31, g0 = ln >> 2, d0 = (ln & 3) * (D / 4) + 4 * ks;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int g = g0 + 8 * h;
-        raw[it][h] = g < G ? *reinterpret_cast<const uint2*>(qg + g * D + d0) : make_uint2(0, 0);
         const uint32_t w[2] = {raw[it][h].x, raw[it][h].y};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
