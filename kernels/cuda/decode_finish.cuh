@@ -93,7 +93,7 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
     float l = 0.0f;
 #pragma unroll 4
     for (int c = 0; c < num_chunks; ++c) {
-      l += stat(c, g, 2) * FastExp2(stat(c, g, 0) - bs);
+      l = __fmaf_rn(stat(c, g, 2), FastExp2(stat(c, g, 0) - bs), l);
       cf[g * num_chunks + c] = FastExp2(stat(c, g, 1) - bu);
     }
     hm[g * 4 + 0] = ms;
@@ -117,7 +117,7 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
       const typename FinishVec<W>::Floats v = part(c, q);
       const float f = cf[(W * q / D) * num_chunks + c];
 #pragma unroll
-      for (int j = 0; j < W; ++j) val[k][j] += VecElem<W>(v, j) * f;
+      for (int j = 0; j < W; ++j) val[k][j] = __fmaf_rn(VecElem<W>(v, j), f, val[k][j]);
     }
   }
 #pragma unroll

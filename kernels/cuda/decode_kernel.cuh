@@ -503,7 +503,10 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
           // Max over the 16 tokens: this lane's two, then the 8 lanes of this tig.
           const MaxStep ms = RaiseMax(m_s[e], MaxOverGrpLanes(fmaxf(sa, sb)));
           const float pa = FastExp2(sa - ms.base), pb = FastExp2(sb - ms.base);
-          l_s[e] = l_s[e] * ms.alpha + (pa + pb);
+          // Explicit fused multiply-adds here and in every sum the kernel instances and
+          // the merges share: contracting a * b + c is nvcc's choice per instance, and
+          // the bits must not depend on the instance (fused or PV warps, batch size).
+          l_s[e] = __fmaf_rn(l_s[e], ms.alpha, pa + pb);
           pr[e] = pa;
           pr[2 + e] = pb;
           float alpha_o = ms.alpha;
@@ -747,7 +750,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
       const float* sp = stats + (w * kDecodeMaxGroup + g) * 4;
-      l += sp[2] * FastExp2(sp[0] - bs);
+      l = __fmaf_rn(sp[2], FastExp2(sp[0] - bs), l);
       hp[4 + w] = FastExp2(sp[1] - bu);
     }
     hp[0] = ms;
@@ -774,7 +777,8 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     float val = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w)
-      val += ow[(w * G + g) * D + T::template ScratchCol<kTransposed>(g, d)] * hp[4 + w];
+      val = __fmaf_rn(ow[(w * G + g) * D + T::template ScratchCol<kTransposed>(g, d)], hp[4 + w],
+                      val);
     return val;
   };
 

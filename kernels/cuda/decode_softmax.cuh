@@ -91,7 +91,7 @@ __device__ __forceinline__ float SoftmaxRowStep(const float (&s)[2][4], int r,
       sum += ps;
       pr[nt][2 * r + e] = ps;
     }
-  l_s = l_s * ms.alpha + sum;
+  l_s = __fmaf_rn(l_s, ms.alpha, sum);
   float alpha_o = ms.alpha;
   if constexpr (kPerToken) {
     mxu = fmaxf(mxu, __shfl_xor_sync(0xffffffffu, mxu, 1));
