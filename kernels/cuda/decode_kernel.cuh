@@ -95,11 +95,11 @@ inline constexpr int kSeqBarrier = kHandOffBarrier + kDecodeWarps;
 // kPvWarp (G <= 8 only): the CTA always runs kDecodeWarps warp sequences (steps s,
 // s + W, ... of the chunk, each with its own online softmax, merged in sequence order).
 // Without a PV warp one warp runs each sequence. With one, the sequence's softmax warp
-// copies K/V, computes QK and the softmax and hands P^T and the rescale factors to the
-// sequence's PV warp through shared memory, which rescales O and runs the P*V MMAs while
-// the softmax warp goes on to the next step. The hand-off of step i is one barrier that
-// both warps sync on: the softmax warp has written step i's slot (two slots, by step
-// parity) and the PV warp is done with step i - 1 (its slot and ring stage). The two
+// copies K, computes QK and the softmax and hands P^T and the rescale factors to the
+// sequence's PV warp through shared memory, which copies V, rescales O and runs the P*V
+// MMAs while the softmax warp goes on to the next step. The hand-off of step i is one
+// barrier that both warps sync on: the softmax warp has written step i's slot (two
+// slots, by step parity) and the PV warp is done with step i - 1's slot. The two
 // warps of a sequence share a scheduler (warps s and s + W), whose issue slots a lone
 // warp leaves mostly idle (Nsight Compute: one warp per scheduler issues every ~4
 // cycles). Every floating-point operation is the one the lone warp performs, in the same
@@ -194,8 +194,10 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   const uint8_t* kbase = p.k + elem_base;  // [P, page_size, Hkv, D] of this layer
   const uint8_t* vbase = p.v + elem_base;
 
-  // Copies step i of this sequence (chunk step seq + 4 i) into ring slot i % kStages
-  // (the softmax warp's job). Lane l copies piece l % kRowChunks of the kRowsPerLane
+  // Copies step i of this sequence (chunk step seq + 4 i) into ring slot i % kStages: its K
+  // and V rows, or with PV warps, the rows this warp reads (K: the softmax warp, V: the PV
+  // warp, so that each refills only what it has itself consumed, and the copies' issue
+  // work is shared between the two warps). Lane l copies piece l % kRowChunks of the kRowsPerLane
   // adjacent rows from r0 = (l / kRowChunks) kRowsPerLane, so each copy instruction still
   // reads whole rows, and the lane's row numbers come from shared memory in one vector load
   // before its first copy: a cp.async writes shared memory, so the compiler keeps every
@@ -218,6 +220,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       }
     }
   };
+  // With PV warps: this warp's half of a stage (K rows first, then V rows) and its source.
+  const int half_offset = role == 0 ? 0 : kDecodeStepTokens * D;
+  const uint8_t* half_base = role == 0 ? kbase : vbase;
   auto issue_rows = [&](int i, const IssueRows& rr) {
     uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
 #pragma unroll
@@ -226,8 +231,12 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       const bool valid = row >= 0;
       const int64_t off = valid ? static_cast<int64_t>(row) * D + issue_c * 16 : 0;
       const int piece = T::Piece(issue_r0 + it, issue_c);
-      CpAsync16(SmemAddress(st + piece), kbase + off, valid);
-      CpAsync16(SmemAddress(st + kDecodeStepTokens * D + piece), vbase + off, valid);
+      if constexpr (kPvWarp) {
+        CpAsync16(SmemAddress(st + half_offset + piece), half_base + off, valid);
+      } else {
+        CpAsync16(SmemAddress(st + piece), kbase + off, valid);
+        CpAsync16(SmemAddress(st + kDecodeStepTokens * D + piece), vbase + off, valid);
+      }
     }
   };
   auto issue = [&](int i) {
@@ -273,9 +282,10 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     // may still be running; the K/V rows and token scales are read only after it is done.
     GridDependencyWait();
     // Stages in flight ahead of the step being computed: kStages - 1, or kStages - 2 with
-    // a PV warp (which may still read the slot of the previous step).
+    // PV warps (the PV warp may still read the slot of the previous step; each of the two
+    // warps issues its half of every stage, see issue).
     constexpr int kAhead = kPvWarp ? T::kStages - 2 : T::kStages - 1;
-    if (softmax_warp) {
+    {
       // Every row number first, then the copies (see issue).
       IssueRows rr[kAhead];
 #pragma unroll
@@ -455,15 +465,20 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       CpAsyncWait<T::kStages - 1>();
       __syncwarp();
     } else if (softmax_warp) {
-      // Refills the ring slot of step i - 2, which the PV warp is done with: it finished
-      // step i - 2 before the hand-off of step i - 1, which this warp has passed.
+      // Refills the K rows of step i - 2's ring slot, whose QK this warp has done.
       if (i + T::kStages - 2 < my_steps) issue(i + T::kStages - 2);
       CpAsyncCommit();
-      // Step i's K/V (kQkAhead: step i + 1's, whose QK this iteration computes).
+      // Step i's K (kQkAhead: step i + 1's, whose QK this iteration computes).
       CpAsyncWait<kQkAhead ? T::kStages - 3 : T::kStages - 2>();
       __syncwarp();
     } else {
-      NamedBarrierSync(kHandOffBarrier + seq, 64);  // step i's P (and its K/V have landed)
+      // Refills the V rows of step i - 2's ring slot, whose P*V this warp has done; then
+      // step i's V (its own copies, made visible to the whole warp by the __syncwarp).
+      if (i + T::kStages - 2 < my_steps) issue(i + T::kStages - 2);
+      CpAsyncCommit();
+      CpAsyncWait<T::kStages - 2>();
+      __syncwarp();
+      NamedBarrierSync(kHandOffBarrier + seq, 64);  // step i's P
     }
     const uint8_t* st = ring + (i % T::kStages) * T::kStageBytes;
     const int tok0 = (seq + kDecodeWarps * i) * kDecodeStepTokens;
