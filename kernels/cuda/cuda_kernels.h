@@ -78,9 +78,10 @@ int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads);
 // same bits).
 // after_append: the previous work on `stream` is the batch's append kernel (LaunchAppend),
 // and nothing but it may still be writing what the decode reads. v1 is then launched
-// with programmatic dependent launch: its CTAs resolve their index lists and page tables
-// while the append runs and read the cache only once the append has completed (same
-// bits). SDS_DECODE_PDL=0 in the environment turns this off (diagnostics); v2 ignores it.
+// with programmatic dependent launch: its CTAs load Q and resolve their index lists and
+// page tables while the append runs and read the cache only once the append has
+// completed (same bits). SDS_DECODE_PDL=0 in the environment turns this off
+// (diagnostics); v2 ignores it.
 absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int32_t max_topk,
                           const DecodeWorkspace& workspace, cudaStream_t stream,
                           DecodeKernel kernel = DecodeKernel::kDefault,

@@ -55,7 +55,9 @@ namespace sds::cuda {
 inline constexpr int kDecodeQkChains = SDS_DECODE_QK_CHAINS;
 static_assert(kDecodeQkChains == 1 || kDecodeQkChains == 2 || kDecodeQkChains == 4, "QK chains");
 
-__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// The explicit add keeps nvcc from folding the 1 + into expf's last step (a contraction
+// it may or may not make per kernel instance; the gate must not depend on the instance).
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / __fadd_rn(1.0f, expf(-x)); }
 
 // The cluster barrier without memory ordering: for a CTA that publishes nothing through
 // it, or whose reads of other CTAs' shared memory have all returned (their values were
@@ -286,12 +288,14 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     __syncwarp();
     if (kPvWarp) NamedBarrierSync(kSeqBarrier + seq, 64);  // rows from both of its warps
     // Launched after the batch's append with programmatic dependent launch, the CTA got
-    // here (index list, page table: inputs the append does not write) while the append
-    // may still be running; the K/V rows and token scales are read only after it is done.
+    // here (Q, index list, page table, layer scales: inputs the append does not write)
+    // while the append may still be running; the K/V rows and token scales are read only
+    // after it is done.
     GridDependencyWait();
     // Stages in flight ahead of the step being computed: kStages - 1, or kStages - 2 with
-    // PV warps (the PV warp may still read the slot of the previous step; each of the two
-    // warps issues its half of every stage, see issue).
+    // PV warps, each of which issues its half of every stage (see issue). (Since each
+    // refills only rows it has read itself, kStages - 1 would be safe for them too; the
+    // depth is kept: deeper rings measured no faster, bench/RESULTS.md.)
     constexpr int kAhead = kPvWarp ? T::kStages - 2 : T::kStages - 1;
     {
       // Every row number first, then the copies (see issue).
@@ -504,8 +508,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
         if constexpr (kQkAhead) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) sc[c] = sc_next[c];
-          // Step i + 1's scores. After the last step this reads a stale stage (no copy
-          // is pending into it; with fewer steps than stages, bytes never written) and
+          // Step i + 1's scores. After the last step this reads the K rows of a stale
+          // stage (no K copy is pending into it; with fewer steps than stages, bytes
+          // never written) and
           // the result goes unused: no branch, so that the MMAs interleave with the
           // softmax (with one, 1 request measured 0.6-0.9 us slower, bench/RESULTS.md).
           qk_transposed(ring + ((i + 1) % T::kStages) * T::kStageBytes, sc_next);

@@ -13,9 +13,9 @@ struct KernelConfig {
   int sms = 0;
 };
 
-// Ring depth of an instance: one stage more with PV warps, whose softmax warp keeps
-// kStages - 2 in flight (the PV warp may still read the slot of the previous step), and
-// one more with QK one step ahead (kStages - 3 in flight ahead of the QK).
+// Ring depth of an instance: one stage more with PV warps, whose two warps keep kStages - 2
+// in flight (each its half of a stage; see SparseDecodeKernel's prologue), and one more with
+// QK one step ahead (kStages - 3 in flight ahead of the QK).
 template <int D, bool kPvWarp, bool kQkAhead>
 inline constexpr int kLaunchStages = kDecodeDefaultStages<D> + (kPvWarp ? 1 : 0) +
                                      (kQkAhead ? 1 : 0);

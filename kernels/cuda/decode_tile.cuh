@@ -54,7 +54,8 @@ struct DecodeTile {
   // 228 KB per SM); PV-warp CTAs (a deeper ring and the P slots) fit 2.
   // uint2/uint4 [kKSteps][32]: the f16 Q fragments of the QK MMAs.
   static constexpr int kQFragOffset = kRingBytes;
-  static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;               // int32 [chunk]
+  static constexpr int kRowsOffset = kQFragOffset + kQFragBytes;  // int32 [chunk]
+  static_assert(kRowsOffset % 16 == 0, "row numbers are read as int2 / int4");
   static constexpr int kKfOffset = kRowsOffset + kTableBytes;                  // float [chunk]
   static constexpr int kVlOffset = kKfOffset + (kPerToken ? kTableBytes : 0);  // float [chunk]
   static constexpr int kTablesEnd = kVlOffset + (kPerToken ? kTableBytes : 0);
@@ -76,7 +77,7 @@ struct DecodeTile {
   static_assert(kPSlotOffset % 16 == 0, "P slot alignment");
   static constexpr int kSmemBytes = kPSlotOffset + kPSlotBytes;
   // Per-warp max |q| during the prologue: the last ring slot of the last sequence, which
-  // the prologue does not fill (it issues stages 0 .. kStages - 2 only).
+  // the prologue does not fill (it issues stages 0 .. kStages - 2 at most).
   static constexpr int kQMaxOffset = kRingBytes - 4 * kWarps;
   static_assert(4 * kWarps <= kStageBytes, "q max slots");
   // Split-K merge factors of the last CTA, [16][chunks] + [16][4] f32, from ring start
