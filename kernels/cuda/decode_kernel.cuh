@@ -196,15 +196,15 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   const uint8_t* kbase = p.k + elem_base;  // [P, page_size, Hkv, D] of this layer
   const uint8_t* vbase = p.v + elem_base;
 
-  // Copies step i of this sequence (chunk step seq + 4 i) into ring slot i % kStages: its K
-  // and V rows, or with PV warps, the rows this warp reads (K: the softmax warp, V: the PV
-  // warp, so that each refills only what it has itself consumed, and the copies' issue
-  // work is shared between the two warps). Lane l copies piece l % kRowChunks of the kRowsPerLane
-  // adjacent rows from r0 = (l / kRowChunks) kRowsPerLane, so each copy instruction still
-  // reads whole rows, and the lane's row numbers come from shared memory in one vector load
-  // before its first copy: a cp.async writes shared memory, so the compiler keeps every
-  // rows[] load after it behind it (one load round trip per row, 45 % of the softmax
-  // warp's step with per-row loads: Nsight Compute, bench/RESULTS.md).
+  // Copies step i of this sequence (chunk step seq + 4 i) into ring slot i % kStages: its
+  // K and V rows, or with PV warps, the rows this warp reads (K: the softmax warp, V: the
+  // PV warp, so that each refills only what it has itself consumed, and the copies' issue
+  // work is shared between the two warps). Lane l copies piece l % kRowChunks of the
+  // kRowsPerLane adjacent rows from r0 = (l / kRowChunks) kRowsPerLane, so each copy
+  // instruction still reads whole rows, and the lane's row numbers come from shared
+  // memory in one vector load before its first copy: a cp.async writes shared memory, so
+  // the compiler keeps every rows[] load after it behind it (one load round trip per row,
+  // 45 % of the softmax warp's step with per-row loads: Nsight Compute, bench/RESULTS.md).
   constexpr int kRowsPerLane = T::kRowChunks / 2;  // 16 rows x kRowChunks pieces / 32 lanes
   static_assert(kRowsPerLane == 2 || kRowsPerLane % 4 == 0, "row vector loads");
   const int issue_c = lane % T::kRowChunks, issue_r0 = (lane / T::kRowChunks) * kRowsPerLane;
@@ -510,9 +510,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
           for (int c = 0; c < 4; ++c) sc[c] = sc_next[c];
           // Step i + 1's scores. After the last step this reads the K rows of a stale
           // stage (no K copy is pending into it; with fewer steps than stages, bytes
-          // never written) and
-          // the result goes unused: no branch, so that the MMAs interleave with the
-          // softmax (with one, 1 request measured 0.6-0.9 us slower, bench/RESULTS.md).
+          // never written) and the result goes unused: no branch, so that the MMAs
+          // interleave with the softmax (with one, 1 request measured 0.6-0.9 us slower,
+          // bench/RESULTS.md).
           qk_transposed(ring + ((i + 1) % T::kStages) * T::kStageBytes, sc_next);
         } else {
           qk_transposed(st, sc);
