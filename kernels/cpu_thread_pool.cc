@@ -1,5 +1,7 @@
 #include "kernels/cpu_thread_pool.h"
 
+#include <chrono>
+
 #if defined(__linux__)
 #include <pthread.h>
 #endif
@@ -67,16 +69,44 @@ void CpuThreadPool::ParallelFor(int64_t num_items, const std::function<void(int6
   work_done_.wait(lock, [&] { return done_items_.load(std::memory_order_acquire) == num_items; });
 }
 
+void CpuThreadPool::Prewake(int64_t spin_us) {
+  if (workers_.empty() || spin_us <= 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++prewake_;
+    prewake_spin_us_ = spin_us;
+  }
+  work_ready_.notify_all();
+}
+
 void CpuThreadPool::WorkerLoop() {
-  uint32_t seen_generation = 0;
+  uint32_t seen_generation = 0, seen_prewake = 0;
   while (true) {
     uint32_t generation;
     const std::function<void(int64_t)>* job;
     int64_t items;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
+      work_ready_.wait(lock, [&] {
+        return stopping_ || generation_ != seen_generation || prewake_ != seen_prewake;
+      });
       if (stopping_) return;
+      if (generation_ == seen_generation) {
+        // Woken ahead of a job: poll the claim counter (its high half is the newest job's
+        // generation) until a job comes or the poll time is over, then wait again (which
+        // returns at once when a job came).
+        seen_prewake = prewake_;
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::microseconds(prewake_spin_us_);
+        lock.unlock();
+        while ((claim_.load(std::memory_order_acquire) >> 32) == seen_generation &&
+               !stopping_.load(std::memory_order_relaxed) &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+        continue;
+      }
+      seen_prewake = prewake_;
       seen_generation = generation = generation_;
       job = job_;
       items = job_items_;

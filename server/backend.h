@@ -25,6 +25,10 @@ struct BackendConfig {
   int32_t max_batch_size = 256;
   int32_t max_topk = 2048;  // largest K per request (per KV head for [Hkv, K])
   int32_t cpu_threads = 0;  // 0 = hardware concurrency
+  // CPU backend: how long its pool's workers poll for a batch announced by Prewake
+  // (CpuThreadPool::Prewake); 0 = Prewake does nothing. The server's default is
+  // --cpu_prewake_us (1000).
+  int32_t cpu_prewake_us = 0;
 };
 
 // One unit of backend work: first the append (quantise new K/V into the cache),
@@ -49,6 +53,10 @@ class Backend {
   virtual void FreeStaging(void* ptr) = 0;
   // Runs the work synchronously. Errors are INTERNAL (a bug or a device fault).
   virtual absl::Status Run(const BatchWork& work, BatchTiming* timing) = 0;
+  // A hint from the request path that a multi-request batch is on its way (a DecodeBatch
+  // message is being checked and staged): a backend with idle threads may wake them now,
+  // so that they are running when Run comes. Default: nothing.
+  virtual void Prewake() {}
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& config);

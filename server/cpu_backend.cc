@@ -19,8 +19,12 @@ constexpr size_t kStagingAlignment = 64;
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend(std::unique_ptr<PagedKvCache> cache, int threads, int32_t num_q_heads)
-      : cache_(std::move(cache)), pool_(threads), num_q_heads_(num_q_heads) {}
+  CpuBackend(std::unique_ptr<PagedKvCache> cache, int threads, int32_t num_q_heads,
+             int32_t prewake_us)
+      : cache_(std::move(cache)),
+        pool_(threads),
+        num_q_heads_(num_q_heads),
+        prewake_us_(prewake_us) {}
 
   std::string name() const override { return "cpu"; }
   PagedKvCache& cache() override { return *cache_; }
@@ -30,6 +34,10 @@ class CpuBackend : public Backend {
     return std::aligned_alloc(kStagingAlignment, rounded == 0 ? kStagingAlignment : rounded);
   }
   void FreeStaging(void* ptr) override { std::free(ptr); }
+
+  void Prewake() override {
+    if (prewake_us_ > 0) pool_.Prewake(prewake_us_);
+  }
 
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
     const CacheView view = cache_->view();
@@ -52,6 +60,7 @@ class CpuBackend : public Backend {
   std::unique_ptr<PagedKvCache> cache_;
   CpuThreadPool pool_;
   int32_t num_q_heads_;
+  int32_t prewake_us_;  // 0: Prewake does nothing
 };
 
 }  // namespace
@@ -67,11 +76,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& c
     return absl::InvalidArgumentError("cpu_threads must be >= 0 (0 = all cores), got " +
                                       std::to_string(config.cpu_threads));
   }
+  if (config.cpu_prewake_us < 0) {
+    return absl::InvalidArgumentError("cpu_prewake_us must be >= 0 (0 = off), got " +
+                                      std::to_string(config.cpu_prewake_us));
+  }
   absl::StatusOr<std::unique_ptr<PagedKvCache>> cache =
       PagedKvCache::Create(config.cache, MakeHostPageMemory());
   if (!cache.ok()) return cache.status();
-  return std::unique_ptr<Backend>(
-      new CpuBackend(*std::move(cache), config.cpu_threads, config.num_q_heads));
+  return std::unique_ptr<Backend>(new CpuBackend(*std::move(cache), config.cpu_threads,
+                                                 config.num_q_heads, config.cpu_prewake_us));
 }
 
 }  // namespace sds

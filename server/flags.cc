@@ -60,6 +60,9 @@ ABSL_FLAG(int32_t, idle_spin_us, 0,
           "(GPU servers). 0 = sleep at once; at most 10000");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
+ABSL_FLAG(int32_t, cpu_prewake_us, 1000,
+          "CPU backend: when a DecodeBatch arrives, wake the pool's threads and let them "
+          "poll (yielding) up to this long for its batch (0 = off; see README)");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
 ABSL_FLAG(std::string, auth_token, "",
           "when set, every RPC needs metadata 'authorization: Bearer <token>'");
@@ -149,6 +152,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.backend_config.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   opt.backend_config.max_topk = absl::GetFlag(FLAGS_max_topk);
   opt.backend_config.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  opt.backend_config.cpu_prewake_us = absl::GetFlag(FLAGS_cpu_prewake_us);
   opt.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   opt.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
   opt.eager_batching = absl::GetFlag(FLAGS_eager_batching);
@@ -189,6 +193,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
   }
   if (opt.backend_config.cpu_threads < 0) return Bad("--cpu_threads must be >= 0");
+  if (opt.backend_config.cpu_prewake_us < 0) return Bad("--cpu_prewake_us must be >= 0");
 
   const std::string mode = absl::GetFlag(FLAGS_scale_mode);
   const std::string k_text = absl::GetFlag(FLAGS_k_scales);

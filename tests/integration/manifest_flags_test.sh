@@ -18,4 +18,7 @@ for manifest in "${manifests[@]}"; do
   rc=0
   "$server" --check_flags "${args[@]}" --page_size=3 >/dev/null 2>&1 || rc=$?
   [[ $rc -eq 2 ]] || fail "$manifest: --page_size=3 gave exit code $rc, not 2"
+  rc=0
+  "$server" --check_flags "${args[@]}" --cpu_prewake_us=-1 >/dev/null 2>&1 || rc=$?
+  [[ $rc -eq 2 ]] || fail "$manifest: --cpu_prewake_us=-1 gave exit code $rc, not 2"
 done

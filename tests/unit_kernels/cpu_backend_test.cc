@@ -30,6 +30,7 @@ BackendConfig SmallConfig(ScaleMode mode) {
   }
   config.num_q_heads = 8;
   config.cpu_threads = 2;
+  config.cpu_prewake_us = 500;  // the decode step below is announced with Prewake
   return config;
 }
 
@@ -100,6 +101,7 @@ TEST_P(CpuBackendTest, PrefillThenDecodeMatchesReference) {
                                    out.data(),
                                    lse.data()};
   timing.compute_us = -1;
+  backend.Prewake();  // as the server does when a DecodeBatch arrives
   ASSERT_TRUE(backend.Run(decode_work, &timing).ok());
   EXPECT_GE(timing.compute_us, 0);
 
@@ -160,6 +162,14 @@ TEST(CpuBackendConfigTest, RejectsHeadCountsThatDoNotDivide) {
   BackendConfig config = SmallConfig(ScaleMode::kPerTensor);
   config.num_q_heads = 7;
   EXPECT_EQ(CreateCpuBackend(config).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuBackendConfigTest, RejectsANegativePrewakeTime) {
+  BackendConfig config = SmallConfig(ScaleMode::kPerTensor);
+  config.cpu_prewake_us = -1;
+  EXPECT_EQ(CreateCpuBackend(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config.cpu_prewake_us = 0;  // off
+  EXPECT_TRUE(CreateCpuBackend(config).ok());
 }
 
 }  // namespace

@@ -1,4 +1,7 @@
 #include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -44,6 +47,37 @@ TEST(CpuThreadPoolTest, BackToBackJobsNeverMixItemsOrFunctions) {
       ASSERT_EQ(hits[static_cast<size_t>(job) * kMaxItems + i].load(), i < items ? 1 : 0)
           << "job " << job << " item " << i << " (counted after later jobs ran)";
   }
+}
+
+// Prewake (workers woken ahead, polling for the job) changes who runs an item, never
+// which items run: jobs after prewakes of every length, some landing while workers poll,
+// some after they gave up, some with no job at all.
+TEST(CpuThreadPoolTest, PrewakeKeepsEveryItemExactlyOnce) {
+  std::mt19937 rng(7);
+  for (int threads : {1, 2, 4}) {
+    CpuThreadPool pool(threads);
+    for (int job = 0; job < 300; ++job) {
+      pool.Prewake(std::uniform_int_distribution<int>(0, 300)(rng));
+      if (job % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(job % 200));
+      if (job % 7 == 0) continue;  // a prewake no job follows
+      const int64_t items = 1 + job % 9;
+      std::vector<std::atomic<int>> hits(items);
+      pool.ParallelFor(items, [&](int64_t i) { hits[i].fetch_add(1); });
+      for (int64_t i = 0; i < items; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << job;
+    }
+  }
+}
+
+// A worker polling after a long Prewake stops when the pool is destroyed, not when its
+// poll time is over.
+TEST(CpuThreadPoolTest, DestructionEndsAPrewakePoll) {
+  const auto start = std::chrono::steady_clock::now();
+  {
+    CpuThreadPool pool(3);
+    pool.Prewake(int64_t{60} * 1000 * 1000);                     // a minute
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the workers poll now
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 }  // namespace
