@@ -337,6 +337,8 @@ bool SmallBatch(const DecodeBatch& batch, int num_kv_heads) {
 
 }  // namespace
 
+int64_t CpuDecodeMinPooledRows() { return kMinRowsForPool; }
+
 bool CpuSupportsAvx2Path() {
 #if defined(__x86_64__) || defined(__i386__)
   // F16C is CPUID leaf 1 ECX bit 29 (read directly: clang's __builtin_cpu_supports has

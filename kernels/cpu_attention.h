@@ -29,6 +29,10 @@ bool CpuSupportsAvx512Bf16Path();
 // The path CpuDecode takes for `requested` on this CPU with head dimension D.
 CpuKernelPath ResolveCpuKernelPath(CpuKernelPath requested, int head_dim);
 
+// The fewest gathered K/V rows (sum over requests of K x Hkv) for which CpuDecode uses
+// its pool; smaller batches run on the calling thread.
+int64_t CpuDecodeMinPooledRows();
+
 // cache: host CacheView (see decode_params.h for every array's shape).
 // batch: q, gate: [B, Hq, D] bf16; out: [B, Hq, D] bf16, every element written;
 //   lse: [B, Hq] float32 or nullptr; indices as described in DecodeBatch (any

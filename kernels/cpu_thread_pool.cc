@@ -71,16 +71,17 @@ void CpuThreadPool::ParallelFor(int64_t num_items, const std::function<void(int6
 
 void CpuThreadPool::Prewake(int64_t spin_us) {
   if (workers_.empty() || spin_us <= 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++prewake_;
-    prewake_spin_us_ = spin_us;
+    if (until <= poll_until_) return;  // the workers poll long enough already
+    poll_until_ = until;
   }
   work_ready_.notify_all();
 }
 
 void CpuThreadPool::WorkerLoop() {
-  uint32_t seen_generation = 0, seen_prewake = 0;
+  uint32_t seen_generation = 0;
   while (true) {
     uint32_t generation;
     const std::function<void(int64_t)>* job;
@@ -88,16 +89,15 @@ void CpuThreadPool::WorkerLoop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_ready_.wait(lock, [&] {
-        return stopping_ || generation_ != seen_generation || prewake_ != seen_prewake;
+        return stopping_ || generation_ != seen_generation ||
+               std::chrono::steady_clock::now() < poll_until_;
       });
       if (stopping_) return;
       if (generation_ == seen_generation) {
-        // Woken ahead of a job: poll the claim counter (its high half is the newest job's
-        // generation) until a job comes or the poll time is over, then wait again (which
-        // returns at once when a job came).
-        seen_prewake = prewake_;
-        const auto deadline =
-            std::chrono::steady_clock::now() + std::chrono::microseconds(prewake_spin_us_);
+        // Prewaked, no job yet: poll the claim counter (its high half is the newest job's
+        // generation) until a job comes or the deadline passes, then wait again (which
+        // returns at once when a job came, and polls on if Prewake moved the deadline).
+        const auto deadline = poll_until_;
         lock.unlock();
         while ((claim_.load(std::memory_order_acquire) >> 32) == seen_generation &&
                !stopping_.load(std::memory_order_relaxed) &&
@@ -106,7 +106,6 @@ void CpuThreadPool::WorkerLoop() {
         }
         continue;
       }
-      seen_prewake = prewake_;
       seen_generation = generation = generation_;
       job = job_;
       items = job_items_;

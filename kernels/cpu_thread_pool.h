@@ -9,6 +9,8 @@
 // every batch.
 #pragma once
 
+#include <chrono>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -31,11 +33,12 @@ class CpuThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // A hint that a ParallelFor is coming (a batch is on its way): wakes the sleeping
-  // workers, and each polls for the job (yielding its core to any other runnable thread)
-  // for up to `spin_us` before it sleeps again. On a VM whose idle vCPUs halt, a worker
-  // woken by the job itself joins it only ~135 us later (2-core VM, 500 us idle before
-  // each job), so jobs shorter than that run on the caller alone; woken 150 us ahead it
-  // joins at once. Any thread may call it, at any time; a job is never waited for.
+  // workers, which poll for a job (yielding their cores to any other runnable thread)
+  // until `spin_us` from now, also after any job they run meanwhile; repeated calls
+  // extend that deadline. On a VM whose idle vCPUs halt, a worker woken by the job itself
+  // joins it only ~135 us later (2-core VM, 500 us idle before each job), so jobs shorter
+  // than that run on the caller alone; woken 150 us ahead it joins at once. Any thread
+  // may call it, at any time; a job is never waited for.
   void Prewake(int64_t spin_us);
 
   // Calls fn(item) for every item in [0, num_items) and returns when all are done.
@@ -53,11 +56,10 @@ class CpuThreadPool {
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
-  // Guarded by mutex_: the current job, as workers pick it up; prewake_ counts Prewake
-  // calls and prewake_spin_us_ is the last one's poll time.
+  // Guarded by mutex_: the current job, as workers pick it up, and until when idle
+  // workers poll for the next one (Prewake).
   uint32_t generation_ = 0;
-  uint32_t prewake_ = 0;
-  int64_t prewake_spin_us_ = 0;
+  std::chrono::steady_clock::time_point poll_until_{};
   // Set under mutex_ (the wait's predicate); atomic so that a polling worker sees it.
   std::atomic<bool> stopping_{false};
   const std::function<void(int64_t)>* job_ = nullptr;

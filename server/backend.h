@@ -53,10 +53,12 @@ class Backend {
   virtual void FreeStaging(void* ptr) = 0;
   // Runs the work synchronously. Errors are INTERNAL (a bug or a device fault).
   virtual absl::Status Run(const BatchWork& work, BatchTiming* timing) = 0;
-  // A hint from the request path that a multi-request batch is on its way (a DecodeBatch
-  // message is being checked and staged): a backend with idle threads may wake them now,
-  // so that they are running when Run comes. Default: nothing.
-  virtual void Prewake() {}
+  // A hint from the request path that a batch is on its way (a DecodeBatch message is
+  // being checked and staged): a backend with idle threads may wake them now, so that
+  // they are running when Run comes. gathered_rows: the batch's K/V rows (sum over its
+  // requests of K x Hkv), for a backend that uses its threads only for larger batches.
+  // Default: nothing.
+  virtual void Prewake(int64_t /*gathered_rows*/) {}
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& config);

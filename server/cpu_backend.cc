@@ -35,8 +35,9 @@ class CpuBackend : public Backend {
   }
   void FreeStaging(void* ptr) override { std::free(ptr); }
 
-  void Prewake() override {
-    if (prewake_us_ > 0) pool_.Prewake(prewake_us_);
+  // Wakes the pool only for a batch that CpuDecode will spread over it.
+  void Prewake(int64_t gathered_rows) override {
+    if (prewake_us_ > 0 && gathered_rows >= CpuDecodeMinPooledRows()) pool_.Prewake(prewake_us_);
   }
 
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
@@ -76,8 +77,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& c
     return absl::InvalidArgumentError("cpu_threads must be >= 0 (0 = all cores), got " +
                                       std::to_string(config.cpu_threads));
   }
-  if (config.cpu_prewake_us < 0) {
-    return absl::InvalidArgumentError("cpu_prewake_us must be >= 0 (0 = off), got " +
+  if (config.cpu_prewake_us < 0 || config.cpu_prewake_us > 10000) {
+    return absl::InvalidArgumentError("cpu_prewake_us must be in [0, 10000] (0 = off), got " +
                                       std::to_string(config.cpu_prewake_us));
   }
   absl::StatusOr<std::unique_ptr<PagedKvCache>> cache =

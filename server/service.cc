@@ -228,8 +228,15 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
         const int n = request.requests_size();
         if (n == 0) return finish(absl::OkStatus());
         // Its items are checked and staged before the batch runs: time for the backend's
-        // idle threads to wake (--cpu_prewake_us).
-        if (n > 1) backend_->Prewake();
+        // idle threads to wake (--cpu_prewake_us). Rows: K (the indices' last dimension,
+        // either form) x Hkv per request.
+        int64_t gathered_rows = 0;
+        for (int i = 0; i < n; ++i) {
+          const v1::Tensor& indices = request.requests(i).indices();
+          if (indices.shape_size() > 0)
+            gathered_rows += indices.shape(indices.shape_size() - 1) * config_.model.num_kv_heads;
+        }
+        backend_->Prewake(gathered_rows);
         // Every response slot exists before the first item can complete.
         for (int i = 0; i < n; ++i) response->add_responses();
         auto remaining = std::make_shared<std::atomic<int>>(n);

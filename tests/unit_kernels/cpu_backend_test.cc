@@ -101,7 +101,7 @@ TEST_P(CpuBackendTest, PrefillThenDecodeMatchesReference) {
                                    out.data(),
                                    lse.data()};
   timing.compute_us = -1;
-  backend.Prewake();  // as the server does when a DecodeBatch arrives
+  backend.Prewake(int64_t{1} << 20);  // as the server does when a large DecodeBatch arrives
   ASSERT_TRUE(backend.Run(decode_work, &timing).ok());
   EXPECT_GE(timing.compute_us, 0);
 
@@ -164,9 +164,11 @@ TEST(CpuBackendConfigTest, RejectsHeadCountsThatDoNotDivide) {
   EXPECT_EQ(CreateCpuBackend(config).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CpuBackendConfigTest, RejectsANegativePrewakeTime) {
+TEST(CpuBackendConfigTest, RejectsAPrewakeTimeOutOfRange) {
   BackendConfig config = SmallConfig(ScaleMode::kPerTensor);
   config.cpu_prewake_us = -1;
+  EXPECT_EQ(CreateCpuBackend(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config.cpu_prewake_us = 10001;
   EXPECT_EQ(CreateCpuBackend(config).status().code(), absl::StatusCode::kInvalidArgument);
   config.cpu_prewake_us = 0;  // off
   EXPECT_TRUE(CreateCpuBackend(config).ok());

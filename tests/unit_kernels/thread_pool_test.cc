@@ -74,10 +74,32 @@ TEST(CpuThreadPoolTest, DestructionEndsAPrewakePoll) {
   const auto start = std::chrono::steady_clock::now();
   {
     CpuThreadPool pool(3);
-    pool.Prewake(int64_t{60} * 1000 * 1000);                     // a minute
+    pool.Prewake(int64_t{20} * 1000 * 1000);                     // 20 s
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the workers poll now
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// A polling worker notices a job and takes part in it: each of the two items waits until
+// both have started (so both threads run one), which times out with a worker that polls
+// on past the job (the 20 s Prewake keeps it from sleeping, so no other wake-up brings
+// it).
+TEST(CpuThreadPoolTest, APollingWorkerJoinsTheJob) {
+  CpuThreadPool pool(2);
+  for (int round = 0; round < 20; ++round) {
+    pool.Prewake(int64_t{20} * 1000 * 1000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(round % 2 == 0 ? 5 : 0));
+    std::atomic<int> started{0};
+    std::atomic<bool> both{true};
+    pool.ParallelFor(2, [&](int64_t) {
+      started.fetch_add(1);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+      }
+      if (started.load() < 2) both = false;
+    });
+    ASSERT_TRUE(both.load()) << "round " << round << ": the polling worker did not join";
+  }
 }
 
 }  // namespace
