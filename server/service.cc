@@ -1,5 +1,6 @@
 #include "server/service.h"
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <vector>
@@ -229,12 +230,14 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
         if (n == 0) return finish(absl::OkStatus());
         // Its items are checked and staged before the batch runs: time for the backend's
         // idle threads to wake (--cpu_prewake_us). Rows: K (the indices' last dimension,
-        // either form) x Hkv per request.
+        // either form; not checked yet, so clamped to [0, max_topk]) x Hkv per request.
         int64_t gathered_rows = 0;
         for (int i = 0; i < n; ++i) {
           const v1::Tensor& indices = request.requests(i).indices();
-          if (indices.shape_size() > 0)
-            gathered_rows += indices.shape(indices.shape_size() - 1) * config_.model.num_kv_heads;
+          if (indices.shape_size() == 0) continue;
+          const int64_t k = std::clamp<int64_t>(indices.shape(indices.shape_size() - 1), 0,
+                                                config_.model.max_topk);
+          gathered_rows += k * config_.model.num_kv_heads;
         }
         backend_->Prewake(gathered_rows);
         // Every response slot exists before the first item can complete.
