@@ -44,22 +44,16 @@ done
 # run is beyond every A run by more than the larger same-binary spread, else "within
 # spread".
 echo "verdict (server token-layers/s, A1 B2 B3 A4):"
-awk -F'|' '{ split($1, r, " "); c = $2; gsub(/ /, "", c); v[c, r[1]] = $4 + 0; got[c, r[1]] = 1
-    if (!(c in seen)) { seen[c] = 1; order[++n] = c } }
-  function abs(x) { return x < 0 ? -x : x }
-  END {
-    for (i = 1; i <= n; ++i) {
-      c = order[i]; a1 = v[c, 1]; b1 = v[c, 2]; b2 = v[c, 3]; a2 = v[c, 4]
-      if (!got[c, 1] || !got[c, 2] || !got[c, 3] || !got[c, 4]) { printf "  %-18s not in every run\n", c; continue }
-      spread = abs(a1 - a2); if (abs(b1 - b2) > spread) spread = abs(b1 - b2)
-      spread += 1e-9  # a gap equal to the spread (up to rounding) is not beyond it
-      change = a1 + a2 > 0 ? sprintf(" (%+.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1)) : ""
-      amin = a1 < a2 ? a1 : a2; amax = a1 > a2 ? a1 : a2
-      bmin = b1 < b2 ? b1 : b2; bmax = b1 > b2 ? b1 : b2
-      verdict = "within spread"
-      if (bmin - amax > spread) verdict = "B higher" change
-      if (amin - bmax > spread) verdict = "B lower" change
-      printf "  %-18s %9d %9d %9d %9d  %s\n", c, a1, b1, b2, a2, verdict
-    }
-  }' "$work/rows.txt"
+awk -F'|' -f scripts/ab_verdict.awk -f <(cat <<'AWK'
+{ split($1, r, " "); c = $2; gsub(/ /, "", c); v[c, r[1]] = $4 + 0; got[c, r[1]] = 1
+  if (!(c in seen)) { seen[c] = 1; order[++n] = c } }
+END {
+  for (i = 1; i <= n; ++i) {
+    c = order[i]; a1 = v[c, 1]; b1 = v[c, 2]; b2 = v[c, 3]; a2 = v[c, 4]
+    if (!got[c, 1] || !got[c, 2] || !got[c, 3] || !got[c, 4]) { printf "  %-18s not in every run\n", c; continue }
+    printf "  %-18s %9d %9d %9d %9d  %s\n", c, a1, b1, b2, a2, ab_verdict(a1, b1, b2, a2, 1, "B higher", "B lower")
+  }
+}
+AWK
+) "$work/rows.txt"
 echo "e2e_ab: logs and JSON in $work"

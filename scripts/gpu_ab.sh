@@ -35,19 +35,10 @@ one() {
   echo "$us"
 }
 
-# The verdict of one case from its four figures (see the header).
+# The verdict of one case from its four figures (see the header; lower is better).
 verdict() {
-  awk -v a1="$1" -v b1="$2" -v b2="$3" -v a2="$4" 'function abs(x) { return x < 0 ? -x : x }
-    BEGIN {
-      spread = abs(a1 - a2); if (abs(b1 - b2) > spread) spread = abs(b1 - b2)
-      amin = a1 < a2 ? a1 : a2; amax = a1 > a2 ? a1 : a2
-      bmin = b1 < b2 ? b1 : b2; bmax = b1 > b2 ? b1 : b2
-      spread += 1e-9  # a gap equal to the spread (up to rounding) is not beyond it
-      change = a1 + a2 > 0 ? sprintf(" (%+.1f%%)", 100 * ((b1 + b2) / (a1 + a2) - 1)) : ""
-      if (amin - bmax > spread) printf "B faster%s", change
-      else if (bmin - amax > spread) printf "B slower%s", change
-      else printf "within spread"
-    }'
+  awk -v a1="$1" -v b1="$2" -v b2="$3" -v a2="$4" -f scripts/ab_verdict.awk \
+    -f <(echo 'BEGIN { printf "%s", ab_verdict(a1, b1, b2, a2, 0, "B faster", "B slower") }')
 }
 
 printf '%-18s %9s %9s %9s %9s  %s\n' case A1 B1 B2 A2 verdict | tee "$OUT/ab_table.txt"

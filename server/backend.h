@@ -19,6 +19,9 @@
 
 namespace sds {
 
+// The longest poll BackendConfig::cpu_prewake_us may ask of the CPU backend's workers.
+inline constexpr int32_t kMaxCpuPrewakeUs = 10000;
+
 struct BackendConfig {
   CacheConfig cache;  // num_pages already resolved
   int32_t num_q_heads = 32;
@@ -26,8 +29,8 @@ struct BackendConfig {
   int32_t max_topk = 2048;  // largest K per request (per KV head for [Hkv, K])
   int32_t cpu_threads = 0;  // 0 = hardware concurrency
   // CPU backend: how long its pool's workers poll for a batch announced by Prewake
-  // (CpuThreadPool::Prewake); 0 = Prewake does nothing. The server's default is
-  // --cpu_prewake_us (1000).
+  // (CpuThreadPool::Prewake), 0 .. kMaxCpuPrewakeUs; 0 = Prewake does nothing. The
+  // server's default is --cpu_prewake_us (1000).
   int32_t cpu_prewake_us = 0;
 };
 

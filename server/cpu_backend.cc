@@ -77,8 +77,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& c
     return absl::InvalidArgumentError("cpu_threads must be >= 0 (0 = all cores), got " +
                                       std::to_string(config.cpu_threads));
   }
-  if (config.cpu_prewake_us < 0 || config.cpu_prewake_us > 10000) {
-    return absl::InvalidArgumentError("cpu_prewake_us must be in [0, 10000] (0 = off), got " +
+  if (config.cpu_prewake_us < 0 || config.cpu_prewake_us > kMaxCpuPrewakeUs) {
+    return absl::InvalidArgumentError("cpu_prewake_us must be in [0, " +
+                                      std::to_string(kMaxCpuPrewakeUs) + "] (0 = off), got " +
                                       std::to_string(config.cpu_prewake_us));
   }
   absl::StatusOr<std::unique_ptr<PagedKvCache>> cache =

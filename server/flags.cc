@@ -193,8 +193,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
   }
   if (opt.backend_config.cpu_threads < 0) return Bad("--cpu_threads must be >= 0");
-  if (opt.backend_config.cpu_prewake_us < 0 || opt.backend_config.cpu_prewake_us > 10000)
-    return Bad("--cpu_prewake_us must be in [0, 10000]");
+  if (opt.backend_config.cpu_prewake_us < 0 || opt.backend_config.cpu_prewake_us > kMaxCpuPrewakeUs)
+    return Bad(absl::StrCat("--cpu_prewake_us must be in [0, ", kMaxCpuPrewakeUs, "]"));
 
   const std::string mode = absl::GetFlag(FLAGS_scale_mode);
   const std::string k_text = absl::GetFlag(FLAGS_k_scales);

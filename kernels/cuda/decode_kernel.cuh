@@ -875,9 +875,9 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     // another CTA's shared memory is consumed (MergeChunks accumulates each one) before
     // it arrives, so those loads have completed; the PTX model itself promises no
     // ordering for a relaxed arrive. A remote load whose value went unused before this
-    // point would break it (racecheck would not notice). Formal alternative, not measured
-    // yet: a release arrive right after MergeChunks' accumulation, the wait after the
-    // output stores (docs/TEAM_NOTES.md, eighth session).
+    // point would break it (racecheck would not notice). The formal alternative (a
+    // release arrive right after MergeChunks' accumulation, the wait after the output
+    // stores) measured 2.7 % slower at one request (bench/RESULTS.md, session 9).
     ClusterSyncRelaxed();
     return;
   }

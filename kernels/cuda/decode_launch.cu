@@ -179,19 +179,16 @@ cudaError_t DecodePvWarpChoice(int32_t head_dim, int32_t group, bool per_token_h
   if (pv_ctas_per_sm != nullptr) *pv_ctas_per_sm = 0;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
   if (group > 8) return cudaSuccess;
-  int* const per_sm = pv_ctas_per_sm;
   switch (head_dim) {
     case 64:
-      return per_token_head ? PickPvWarp<64, true>(ctas, warps, per_sm)
-                            : PickPvWarp<64, false>(ctas, warps, per_sm);
+      return per_token_head ? PickPvWarp<64, true>(ctas, warps, pv_ctas_per_sm)
+                            : PickPvWarp<64, false>(ctas, warps, pv_ctas_per_sm);
     case 128:
-      return per_token_head ? PickPvWarp<128, true>(ctas, warps, per_sm)
-                            : PickPvWarp<128, false>(ctas, warps, per_sm);
-    case 256:
-      return per_token_head ? PickPvWarp<256, true>(ctas, warps, per_sm)
-                            : PickPvWarp<256, false>(ctas, warps, per_sm);
-    default:
-      return cudaErrorInvalidValue;
+      return per_token_head ? PickPvWarp<128, true>(ctas, warps, pv_ctas_per_sm)
+                            : PickPvWarp<128, false>(ctas, warps, pv_ctas_per_sm);
+    default:  // 256 (checked above)
+      return per_token_head ? PickPvWarp<256, true>(ctas, warps, pv_ctas_per_sm)
+                            : PickPvWarp<256, false>(ctas, warps, pv_ctas_per_sm);
   }
 }
 

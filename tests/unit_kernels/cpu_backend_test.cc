@@ -168,7 +168,7 @@ TEST(CpuBackendConfigTest, RejectsAPrewakeTimeOutOfRange) {
   BackendConfig config = SmallConfig(ScaleMode::kPerTensor);
   config.cpu_prewake_us = -1;
   EXPECT_EQ(CreateCpuBackend(config).status().code(), absl::StatusCode::kInvalidArgument);
-  config.cpu_prewake_us = 10001;
+  config.cpu_prewake_us = kMaxCpuPrewakeUs + 1;
   EXPECT_EQ(CreateCpuBackend(config).status().code(), absl::StatusCode::kInvalidArgument);
   config.cpu_prewake_us = 0;  // off
   EXPECT_TRUE(CreateCpuBackend(config).ok());
