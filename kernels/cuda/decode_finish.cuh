@@ -61,7 +61,8 @@ __device__ __forceinline__ void LoadFinishGates(
 }
 
 // Merges the chunk partials of one (request, KV head) in chunk order and hands each
-// element to finish(g, d, val, gate_bits, max_s, max_u, l). stat(c, g, k): statistic k (0
+// group of W elements to finish(g, d0, val[W], gate_bits, max_s, max_u, l) (elements d0 ..
+// d0 + W - 1 of head g, their W gates). stat(c, g, k): statistic k (0
 // max_s, 1 max_u, 2 l) of head g in chunk c; part(c, q): elements W q .. W q + W - 1
 // (e = g * D + d) of chunk c's partial (FinishVec<W>::Floats); gate: [G, D] bf16 bits
 // of these heads. The
@@ -124,10 +125,7 @@ __device__ __forceinline__ void MergeChunks(float* cf, int num_chunks, int G, co
   for (int k = 0; k < kGroups; ++k) {
     const int q = tid + k * kThreads, g = W * q / D;
     if (W * q >= G * D) continue;
-#pragma unroll
-    for (int j = 0; j < W; ++j)
-      finish(g, (W * q + j) % D, val[k][j], GateBits<W>(gate_bits[k], j), hm[g * 4 + 0],
-             hm[g * 4 + 1], hm[g * 4 + 2]);
+    finish(g, (W * q) % D, val[k], gate_bits[k], hm[g * 4 + 0], hm[g * 4 + 1], hm[g * 4 + 2]);
   }
 }
 

@@ -787,15 +787,27 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   }
   __syncthreads();
 
-  // Writes the gated bf16 output and lse of head g from merged (unnormalised) values.
-  // gate_bits: p.gate at the same element.
-  auto finish = [&](int g, int d, float val, uint16_t gate_bits, float ms, float mu, float l) {
-    float res = 0.0f;
-    if (l > 0.0f) res = val * (FastExp2(mu - ms) * v_layer / l);
-    const int64_t at = (head0 + g) * D + d;
-    const float gate = __uint_as_float(static_cast<uint32_t>(gate_bits) << 16);
-    p.out[at] = __bfloat16_as_ushort(__float2bfloat16_rn(res * Sigmoid(gate)));
-    if (d == 0 && p.lse != nullptr)
+  // Writes the gated bf16 outputs d0 .. d0 + W - 1 of head g from merged (unnormalised)
+  // values, in one store (W bf16: consecutive threads' groups are adjacent, so a warp
+  // writes whole sectors), and lse of head g with its group d0 = 0. gate_bits: p.gate at
+  // the same elements. One store per group matters where out is mapped host memory (the
+  // server's staging): per-element 2-byte stores of groups W elements apart each become a
+  // partial write there.
+  using FinishOut = typename FinishVec<kFinishW>::Gates;  // W bf16
+  auto finish = [&](int g, int d0, const float(&val)[kFinishW], const FinishOut& gate_bits,
+                    float ms, float mu, float l) {
+    const float f = l > 0.0f ? FastExp2(mu - ms) * v_layer / l : 0.0f;
+    FinishOut res_bits;
+    uint16_t* res = reinterpret_cast<uint16_t*>(&res_bits);
+#pragma unroll
+    for (int j = 0; j < kFinishW; ++j) {
+      const float r = l > 0.0f ? val[j] * f : 0.0f;
+      const float gate =
+          __uint_as_float(static_cast<uint32_t>(GateBits<kFinishW>(gate_bits, j)) << 16);
+      res[j] = __bfloat16_as_ushort(__float2bfloat16_rn(r * Sigmoid(gate)));
+    }
+    *reinterpret_cast<FinishOut*>(p.out + (head0 + g) * D + d0) = res_bits;
+    if (d0 == 0 && p.lse != nullptr)
       p.lse[head0 + g] = l > 0.0f ? (ms + log2f(l)) * 0.69314718055994531f : NegInf();
   };
 
@@ -817,11 +829,11 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       const int q = tid + k * T::kThreads, g = W * q / D;
       if (W * q >= G * D) break;
       const float* hp = head + g * (4 + kDecodeWarps);
+      const int d0 = (W * q) % D;
+      float val[W];
 #pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const int d = (W * q + j) % D;
-        finish(g, d, chunk_value(g, d), GateBits<W>(gate_bits[k], j), hp[0], hp[1], hp[2]);
-      }
+      for (int j = 0; j < W; ++j) val[j] = chunk_value(g, d0 + j);
+      finish(g, d0, val, gate_bits[k], hp[0], hp[1], hp[2]);
     }
     if (cluster_merge) ClusterSyncTwice();
     return;
