@@ -67,10 +67,9 @@ int64_t DecodeWorkspaceFloats(int32_t num_requests, int32_t num_q_heads, int32_t
 int64_t DecodeWorkspaceCounters(int32_t num_requests, int32_t num_kv_heads);
 
 // One launch for the whole batch (v2 fine split: plus a merge launch). `max_topk` is the
-// largest batch.topk[b] (host value). batch.q and batch.gate must be 8-byte aligned and
-// workspace.partial 16-byte aligned (INVALID_ARGUMENT otherwise). Every kernel gives the
-// same bits for a request whatever the batch; v1 and v2 agree within rounding, not
-// bitwise.
+// largest batch.topk[b] (host value). batch.q, batch.gate and batch.out must be 8-byte
+// aligned and workspace.partial 16-byte aligned (INVALID_ARGUMENT otherwise). Every kernel gives
+// the same bits for a request whatever the batch; v1 and v2 agree within rounding, not bitwise.
 // host_batch (optional): host copies of the batch's [B] arrays layer, page_table_offset,
 // index_offset, topk and indices_per_kv_head, equal to the device ones (its other
 // pointers are not read). With at most DecodeInlineRequests() requests, v1 then takes

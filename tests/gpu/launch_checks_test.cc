@@ -32,7 +32,7 @@ TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
   EXPECT_EQ(cuda::CheckDecodeShape(7, geo).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The kernels read q and gate 8 bytes at a time and the split-K partials 16: a
+// The kernels read q and gate and write out 8 bytes at a time, and the split-K partials 16: a
 // misaligned pointer is refused before anything is launched (INVALID_ARGUMENT, not a
 // fault that would take the context with it). The pointers are never dereferenced on
 // the host and nothing reaches the device.
@@ -60,6 +60,9 @@ TEST(DecodeShapes, MisalignedInputsAreClearErrors) {
   batch.gate = bf16_at(64);
   ws.partial = storage + 34;  // 8 bytes past a 16-byte boundary
   EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "workspace";
+  ws.partial = storage + 32;
+  batch.out = reinterpret_cast<uint16_t*>(base + 132);  // 4 bytes past an 8-byte boundary
+  EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "out";
 }
 
 }  // namespace
