@@ -59,6 +59,7 @@ void CpuThreadPool::ParallelFor(int64_t num_items, const std::function<void(int6
     generation = generation_;
     job_ = &fn;
     job_items_ = num_items;
+    poll_until_ = {};  // this job answers the last Prewake: after it the workers sleep
     done_items_.store(0, std::memory_order_relaxed);
     claim_.store(static_cast<uint64_t>(generation) << 32, std::memory_order_release);
   }

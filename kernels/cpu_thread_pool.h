@@ -34,11 +34,14 @@ class CpuThreadPool {
 
   // A hint that a ParallelFor is coming (a batch is on its way): wakes the sleeping
   // workers, which poll for a job (yielding their cores to any other runnable thread)
-  // until `spin_us` from now, also after any job they run meanwhile; repeated calls
-  // extend that deadline. On a VM whose idle vCPUs halt, a worker woken by the job itself
-  // joins it only ~135 us later (2-core VM, 500 us idle before each job), so jobs shorter
-  // than that run on the caller alone; woken 150 us ahead it joins at once. Any thread
-  // may call it, at any time; a job is never waited for.
+  // until the next ParallelFor starts (it consumes the hint: after it the workers sleep
+  // again) or `spin_us` from now; repeated calls extend that deadline. On a VM whose idle
+  // vCPUs halt, a worker woken by the job itself joins it only ~135 us later (2-core VM,
+  // 500 us idle before each job), so jobs shorter than that run on the caller alone;
+  // woken 150 us ahead it joins at once. Polling on after the job kept one core busy
+  // yielding between a server's batches (half the server's CPU samples at DecodeBatch
+  // 64 on 2 cores, taken from its clients). Any thread may call it, at any time; a job
+  // is never waited for.
   void Prewake(int64_t spin_us);
 
   // Calls fn(item) for every item in [0, num_items) and returns when all are done.
@@ -57,7 +60,7 @@ class CpuThreadPool {
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
   // Guarded by mutex_: the current job, as workers pick it up, and until when idle
-  // workers poll for the next one (Prewake).
+  // workers poll for the next one (Prewake; reset by each ParallelFor).
   uint32_t generation_ = 0;
   std::chrono::steady_clock::time_point poll_until_{};
   // Set under mutex_ (the wait's predicate); atomic so that a polling worker sees it.

@@ -62,7 +62,7 @@ ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv,
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
 ABSL_FLAG(int32_t, cpu_prewake_us, 1000,
           "CPU backend: when a DecodeBatch arrives, wake the pool's threads and let them "
-          "poll (yielding) up to this long for its batch (0 = off; see README)");
+          "poll (yielding) for its batch, up to this long (0 = off; see README)");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
 ABSL_FLAG(std::string, auth_token, "",
           "when set, every RPC needs metadata 'authorization: Bearer <token>'");

@@ -1,3 +1,5 @@
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -9,6 +11,12 @@
 
 namespace sds {
 namespace {
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 TEST(CpuThreadPoolTest, RunsEveryItemExactlyOnce) {
   for (int threads : {1, 2, 4}) {
@@ -100,6 +108,25 @@ TEST(CpuThreadPoolTest, APollingWorkerJoinsTheJob) {
     });
     ASSERT_TRUE(both.load()) << "round " << round << ": the polling worker did not join";
   }
+}
+
+// A job answers the Prewake before it: afterwards the workers sleep again instead of
+// polling on to the Prewake's deadline (which kept a core busy yielding between a
+// server's batches). Measured as the process's CPU time while every thread is idle: a
+// worker still polling would use most of a core for the whole 200 ms.
+TEST(CpuThreadPoolTest, AJobEndsThePrewakePoll) {
+  CpuThreadPool pool(2);
+  for (int round = 0; round < 3; ++round) {
+    pool.Prewake(int64_t{20} * 1000 * 1000);  // 20 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(round));
+    std::atomic<int> hits{0};
+    pool.ParallelFor(4, [&](int64_t) { hits.fetch_add(1); });
+    ASSERT_EQ(hits.load(), 4);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the worker back in its wait
+  const double before = ProcessCpuSeconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LT(ProcessCpuSeconds() - before, 0.05) << "CPU seconds while idle: a worker polls on";
 }
 
 }  // namespace
