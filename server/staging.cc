@@ -11,6 +11,7 @@ namespace sds::server {
 namespace {
 
 constexpr size_t kAlign = 256;
+constexpr int64_t kIndexAlign = 16;  // int32 slots: each list starts on a 64-byte line
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -57,7 +58,7 @@ absl::StatusOr<std::unique_ptr<StagingBuffer>> StagingBuffer::Create(Backend* ba
     buf->append_layer_ = c.Take<int32_t>(b);
     buf->slot_ = c.Take<int64_t>(b);
     buf->layer_ = c.Take<int32_t>(b);
-    buf->indices_ = c.Take<int32_t>(b * buf->index_stride_);
+    buf->indices_ = c.Take<int32_t>(b * (buf->index_stride_ + kIndexAlign));
     buf->index_offset_ = c.Take<int64_t>(b);
     buf->topk_ = c.Take<int32_t>(b);
     buf->indices_per_kv_head_ = c.Take<uint8_t>(b);
@@ -97,8 +98,13 @@ absl::Status StagingBuffer::ReservePageTable(int64_t count) {
   return absl::OkStatus();
 }
 
+int64_t StagingBuffer::IndexSlots(const DecodeTensorBytes& bytes) {
+  const int64_t count = static_cast<int64_t>(bytes.indices.size() / sizeof(int32_t));
+  return (count + kIndexAlign - 1) / kIndexAlign * kIndexAlign;
+}
+
 void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
-                            const DecodeTensorBytes& bytes) {
+                            const DecodeTensorBytes& bytes, int64_t index_at) {
   const int64_t q_row = static_cast<int64_t>(model_.num_q_heads) * model_.head_dim;
   const int64_t kv_row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
   // Validated sizes: q and gate [Hq, D], k and v [Hkv, D], indices K or Hkv * K int32.
@@ -111,10 +117,10 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
   const int32_t k = static_cast<int32_t>(per_head ? indices.shape(1) : indices.shape(0));
   layer_[row] = request.layer();
   append_layer_[row] = request.layer();
-  index_offset_[row] = row * index_stride_;
+  index_offset_[row] = index_at;
   topk_[row] = k;
   indices_per_kv_head_[row] = per_head ? 1 : 0;
-  bytes.indices.CopyTo(indices_ + row * index_stride_);
+  bytes.indices.CopyTo(indices_ + index_at);
 }
 
 void StagingBuffer::MoveRow(int32_t dst, int32_t src) {

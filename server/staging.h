@@ -25,10 +25,17 @@ class StagingBuffer {
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
 
+  // int32 slots a validated request's index list takes in the batch's packed index array:
+  // its K or Hkv * K indices, rounded up to 16 (each list starts on a 64-byte line).
+  static int64_t IndexSlots(const DecodeTensorBytes& bytes);
   // Copies q, gate, k, v and the indices of a validated request into row `row`: the
-  // data from `bytes` (tensor_bytes.h), the shapes from `request`.
+  // data from `bytes` (tensor_bytes.h), the shapes from `request`. Its index list goes
+  // to slot `index_at` of the packed index array: the sum of IndexSlots of the rows
+  // before it, so the batch's lists lie back to back and a backend that copies them
+  // copies only those (with one 64 KB stride per row a batch of 256 uploaded 16.7 MB of
+  // indices instead of 0.5 MB: 430 us of the batch's device time on the H200).
   void FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
-               const DecodeTensorBytes& bytes);
+               const DecodeTensorBytes& bytes, int64_t index_at);
   // Moves row `src` to row `dst` (dst < src) to close the gap of a failed request.
   void MoveRow(int32_t dst, int32_t src);
   // Makes room for `count` page ids; may reallocate page_table.
@@ -59,7 +66,7 @@ class StagingBuffer {
   int64_t out_shape_[2];  // [Hq, D], for the answers' tensor views
   int64_t lse_shape_[1];  // [Hq]
   int32_t max_batch_;
-  int64_t index_stride_ = 0;  // Hkv * max_topk int32 per row
+  int64_t index_stride_ = 0;  // Hkv * max_topk: the most indices a row can have
   void* block_ = nullptr;
   // Row-major [max_batch, ...] arrays carved out of block_ (shapes in decode_params.h).
   uint16_t* q_ = nullptr;

@@ -193,6 +193,7 @@ void BM_TypedPath(benchmark::State& state) {
       state.SkipWithError("protobuf could not parse the message");
       return;
     }
+    int64_t index_at = 0;
     for (int r = 0; r < batch->requests_size(); ++r) {
       const v1::DecodeRequest& request = batch->requests(r);
       const DecodeTensorBytes bytes = DecodeTensorBytes::Of(request);
@@ -200,7 +201,8 @@ void BM_TypedPath(benchmark::State& state) {
         state.SkipWithError("a request failed validation");
         return;
       }
-      staging.buffer->FillRow(r, request, bytes);
+      staging.buffer->FillRow(r, request, bytes, index_at);
+      index_at += StagingBuffer::IndexSlots(bytes);
     }
     benchmark::ClobberMemory();
   }
@@ -220,12 +222,14 @@ void BM_RawPath(benchmark::State& state) {
       return;
     }
     const v1::DecodeBatchRequest& batch = *call.request();
+    int64_t index_at = 0;
     for (int r = 0; r < batch.requests_size(); ++r) {
       if (!ValidateDecode(batch.requests(r), call.bytes(r), model).ok()) {
         state.SkipWithError("a request failed validation");
         return;
       }
-      staging.buffer->FillRow(r, batch.requests(r), call.bytes(r));
+      staging.buffer->FillRow(r, batch.requests(r), call.bytes(r), index_at);
+      index_at += StagingBuffer::IndexSlots(call.bytes(r));
     }
     benchmark::ClobberMemory();
   }

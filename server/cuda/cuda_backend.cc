@@ -25,6 +25,7 @@
 #include "server/backend.h"
 #include "server/cuda/device_buffer.h"
 #include "server/cuda/input_upload.h"
+#include "spdlog/spdlog.h"
 
 namespace sds {
 namespace {
@@ -148,8 +149,8 @@ class CudaBackend : public Backend {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     cache_.reset();  // frees the pool through CudaPageMemory
     for (DeviceBuffer* b : AllBuffers()) b->Release();
-    if (start_ != nullptr) cudaEventDestroy(start_);
-    if (stop_ != nullptr) cudaEventDestroy(stop_);
+    for (cudaEvent_t e : {start_, stop_, uploaded_, appended_})
+      if (e != nullptr) cudaEventDestroy(e);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -160,6 +161,10 @@ class CudaBackend : public Backend {
       return s;
     if (absl::Status s = CudaCall(cudaEventCreate(&start_), "cudaEventCreate"); !s.ok()) return s;
     if (absl::Status s = CudaCall(cudaEventCreate(&stop_), "cudaEventCreate"); !s.ok()) return s;
+    if (options_.log_phases) {
+      for (cudaEvent_t* e : {&uploaded_, &appended_})
+        if (absl::Status s = CudaCall(cudaEventCreate(e), "cudaEventCreate"); !s.ok()) return s;
+    }
     absl::StatusOr<std::unique_ptr<PagedKvCache>> cache =
         PagedKvCache::Create(config_.cache, std::make_unique<CudaPageMemory>(stream_));
     if (!cache.ok()) return cache.status();
@@ -230,6 +235,7 @@ class CudaBackend : public Backend {
         return s;
       timing->compute_us = std::llround(ms * 1000.0);
     }
+    if (options_.log_phases) LogPhases(work);
     return absl::OkStatus();
   }
 
@@ -238,6 +244,22 @@ class CudaBackend : public Backend {
     return {&layer_k_, &layer_v_, &partial_, &counters_, &q_,      &gate_,    &out_,
             &lse_,     &k_new_,   &v_new_,   &a_layer_,  &a_slot_, &d_layer_, &d_pto_,
             &d_io_,    &d_topk_,  &d_perkv_, &d_index_,  &d_pages_};
+  }
+
+  // options_.log_phases: the last batch's device time between its events.
+  void LogPhases(const BatchWork& work) const {
+    float upload = 0, append = 0, rest = 0;
+    if (cudaEventElapsedTime(&upload, start_, uploaded_) != cudaSuccess ||
+        cudaEventElapsedTime(&append, uploaded_, appended_) != cudaSuccess ||
+        cudaEventElapsedTime(&rest, appended_, stop_) != cudaSuccess) {
+      cudaGetLastError();
+      spdlog::warn("CUDA batch phases: event times unavailable");
+      return;
+    }
+    spdlog::info(
+        "CUDA batch: {} requests, {} appended tokens: input copies {:.1f} us, append {:.1f} us, "
+        "decode and output copies {:.1f} us",
+        work.decode.num_requests, work.append.num_tokens, upload * 1e3, append * 1e3, rest * 1e3);
   }
 
   CacheView DeviceView() const {
@@ -274,6 +296,10 @@ class CudaBackend : public Backend {
     if (absl::Status s = CudaCall(cudaEventRecord(start_, stream_), "event record"); !s.ok())
       return s;
     if (absl::Status s = upload_.Send(stream_); !s.ok()) return s;
+    if (options_.log_phases) {
+      if (absl::Status s = CudaCall(cudaEventRecord(uploaded_, stream_), "event record"); !s.ok())
+        return s;
+    }
     size_t next = 0;
     if (a.num_tokens > 0) {
       const AppendBatch append{
@@ -281,6 +307,10 @@ class CudaBackend : public Backend {
           static_cast<const int32_t*>(dev[2]), static_cast<const int64_t*>(dev[3])};
       next = 4;
       if (absl::Status s = cuda::LaunchAppend(view, append, stream_); !s.ok()) return s;
+    }
+    if (options_.log_phases) {
+      if (absl::Status s = CudaCall(cudaEventRecord(appended_, stream_), "event record"); !s.ok())
+        return s;
     }
     if (d.num_requests > 0) {
       if (absl::Status s = EnqueueDecode(view, d, max_topk, &dev[next], a.num_tokens > 0); !s.ok())
@@ -395,6 +425,7 @@ class CudaBackend : public Backend {
   CudaBatchPath path_;  // of the last Enqueue
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  cudaEvent_t uploaded_ = nullptr, appended_ = nullptr;  // options_.log_phases only
   std::unique_ptr<PagedKvCache> cache_;
   cuda::DecodeWorkspace workspace_;
   // layer_k_, layer_v_: [L] float; partial_: split-K floats; counters_: [B_max * Hkv].
@@ -429,6 +460,8 @@ CudaBackendOptions CudaBackendOptionsFromEnv() {
   CudaBackendOptions options;
   if (const char* v = std::getenv("SDS_CUDA_DIRECT_OUT_MAX_REQUESTS"); v != nullptr && *v != 0)
     options.direct_out_max_requests = std::atoi(v);
+  if (const char* v = std::getenv("SDS_CUDA_LOG_PHASES"); v != nullptr && *v != 0)
+    options.log_phases = std::atoi(v) != 0;
   return options;
 }
 

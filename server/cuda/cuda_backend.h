@@ -30,10 +30,14 @@ struct CudaBackendOptions {
   // (0: never; 256 is the largest batch measured, where it still won by 17 %). Outputs
   // outside memory from AllocateStaging are always copied back.
   int32_t direct_out_max_requests = 256;
+  // Logs each batch's device time by phase (input copies, append, decode and output
+  // copies; CUDA events between them) at info level. Diagnostics: the events keep the
+  // decode from overlapping the append (programmatic dependent launch).
+  bool log_phases = false;
 };
 
 // The defaults above, overridden by the environment (diagnostics):
-// SDS_CUDA_DIRECT_OUT_MAX_REQUESTS=N (0 turns direct outputs off).
+// SDS_CUDA_DIRECT_OUT_MAX_REQUESTS=N (0 turns direct outputs off), SDS_CUDA_LOG_PHASES=1.
 CudaBackendOptions CudaBackendOptionsFromEnv();
 
 // CreateCudaBackend(config) is this with CudaBackendOptionsFromEnv().
