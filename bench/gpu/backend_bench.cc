@@ -17,7 +17,7 @@
 //                this thread (the server's staging fill leaves them dirty in the CPU's
 //                caches for the input copy to read)
 //   direct+idle  every Run after 5 ms without GPU work (a closed loop of large batches
-//                leaves the GPU idle between them)
+//                leaves the GPU idle between them; SDS_BENCH_IDLE_US sets another gap)
 //   direct+read  every Run after this thread read the previous Run's outputs (the
 //                server encodes its answers from them: they sit in the CPU's caches
 //                when the next batch's decode writes the same staging rows)
@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -43,6 +44,15 @@ namespace {
 constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 64;
 constexpr int kWarm = 30, kRuns = 400;
 volatile uint64_t g_sink = 0;  // keeps the direct+read loads
+
+// The direct+idle gap: SDS_BENCH_IDLE_US from the environment, else 5000.
+int64_t IdleUs() {
+  static const int64_t us = [] {
+    const char* v = std::getenv("SDS_BENCH_IDLE_US");
+    return v != nullptr && *v != 0 ? std::atoll(v) : int64_t{5000};
+  }();
+  return us;
+}
 
 struct BackendCase {
   const char* name;
@@ -138,7 +148,7 @@ bool TimeRuns(const Staged& st, const HostBatch& h, Before before, int runs, Tim
   std::vector<double> compute, wall;
   for (int i = 0; i < kWarm + runs; ++i) {
     if (before == Before::kFill) st.Refill(h);
-    if (before == Before::kIdle) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (before == Before::kIdle) std::this_thread::sleep_for(std::chrono::microseconds(IdleUs()));
     if (before == Before::kRead) {
       const auto* out = reinterpret_cast<const volatile uint64_t*>(work.decode.out);
       uint64_t sum = 0;
