@@ -59,23 +59,17 @@ void Batcher::FillStaging(const Ready& ready) {
   constexpr size_t kPoolFillRows = 16;
   StagingBuffer& staging = *staging_[ready.buffer];
   const std::vector<DecodeWork>& decodes = ready.decodes;
-  // Where each row's index list starts in the packed index array (a local: the
-  // assembler's and a claimed batch's fills may run at once).
-  std::vector<int64_t> index_at(decodes.size());
-  int64_t at = 0;
-  for (size_t i = 0; i < decodes.size(); ++i) {
-    index_at[i] = at;
-    at += StagingBuffer::IndexSlots(decodes[i].bytes);
-  }
-  auto fill = [&](int64_t i) {
-    staging.FillRow(static_cast<int32_t>(i), *decodes[i].request, decodes[i].bytes, index_at[i]);
-  };
+  staging.PlanIndices(static_cast<int32_t>(decodes.size()),
+                      [&](int32_t row) -> const DecodeTensorBytes& { return decodes[row].bytes; });
   std::unique_lock<std::mutex> pool(fill_pool_mu_, std::defer_lock);
   if (fill_pool_ != nullptr && decodes.size() >= kPoolFillRows && pool.try_lock()) {
-    fill_pool_->ParallelFor(static_cast<int64_t>(decodes.size()), fill);
+    fill_pool_->ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t i) {
+      staging.FillRow(static_cast<int32_t>(i), *decodes[i].request, decodes[i].bytes);
+    });
     return;
   }
-  for (size_t i = 0; i < decodes.size(); ++i) fill(static_cast<int64_t>(i));
+  for (size_t i = 0; i < decodes.size(); ++i)
+    staging.FillRow(static_cast<int32_t>(i), *decodes[i].request, decodes[i].bytes);
 }
 
 Batcher::~Batcher() { Stop(); }

@@ -165,7 +165,7 @@ class Batcher {
   void ClaimDone();
   // Copies every request's tensors of `ready` into its staging buffer rows: on the fill
   // pool for batches of at least 16 requests when no other fill holds it, else on this
-  // thread. FillRow copies bytes only, so neither way throws.
+  // thread. PlanIndices and FillRow only sum sizes and copy bytes, so neither way throws.
   void FillStaging(const Ready& ready);
   void AddOutstanding(int64_t items);
   void Completed(int64_t items);

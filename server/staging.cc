@@ -99,12 +99,13 @@ absl::Status StagingBuffer::ReservePageTable(int64_t count) {
 }
 
 int64_t StagingBuffer::IndexSlots(const DecodeTensorBytes& bytes) {
-  const int64_t count = static_cast<int64_t>(bytes.indices.size() / sizeof(int32_t));
+  const int64_t count =
+      static_cast<int64_t>((bytes.indices.size() + sizeof(int32_t) - 1) / sizeof(int32_t));
   return (count + kIndexAlign - 1) / kIndexAlign * kIndexAlign;
 }
 
 void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
-                            const DecodeTensorBytes& bytes, int64_t index_at) {
+                            const DecodeTensorBytes& bytes) {
   const int64_t q_row = static_cast<int64_t>(model_.num_q_heads) * model_.head_dim;
   const int64_t kv_row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
   // Validated sizes: q and gate [Hq, D], k and v [Hkv, D], indices K or Hkv * K int32.
@@ -117,10 +118,9 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
   const int32_t k = static_cast<int32_t>(per_head ? indices.shape(1) : indices.shape(0));
   layer_[row] = request.layer();
   append_layer_[row] = request.layer();
-  index_offset_[row] = index_at;
   topk_[row] = k;
   indices_per_kv_head_[row] = per_head ? 1 : 0;
-  bytes.indices.CopyTo(indices_ + index_at);
+  bytes.indices.CopyTo(indices_ + index_offset_[row]);  // placed by PlanIndices
 }
 
 void StagingBuffer::MoveRow(int32_t dst, int32_t src) {

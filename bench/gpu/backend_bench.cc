@@ -157,10 +157,10 @@ bool TimeRuns(const Staged& st, const HostBatch& h, Before before, int runs, Tim
     }
     BatchTiming timing;
     const auto start = std::chrono::steady_clock::now();
-    const absl::Status st = backend.Run(work, &timing);
+    const absl::Status status = backend.Run(work, &timing);
     const auto stop = std::chrono::steady_clock::now();
-    if (!st.ok()) {
-      std::fprintf(stderr, "backend Run: %s\n", st.ToString().c_str());
+    if (!status.ok()) {
+      std::fprintf(stderr, "backend Run: %s\n", status.ToString().c_str());
       return false;
     }
     if (i < kWarm) continue;

@@ -193,17 +193,18 @@ void BM_TypedPath(benchmark::State& state) {
       state.SkipWithError("protobuf could not parse the message");
       return;
     }
-    int64_t index_at = 0;
+    std::vector<DecodeTensorBytes> all(batch->requests_size());
     for (int r = 0; r < batch->requests_size(); ++r) {
-      const v1::DecodeRequest& request = batch->requests(r);
-      const DecodeTensorBytes bytes = DecodeTensorBytes::Of(request);
-      if (!ValidateDecode(request, bytes, model).ok()) {
+      all[r] = DecodeTensorBytes::Of(batch->requests(r));
+      if (!ValidateDecode(batch->requests(r), all[r], model).ok()) {
         state.SkipWithError("a request failed validation");
         return;
       }
-      staging.buffer->FillRow(r, request, bytes, index_at);
-      index_at += StagingBuffer::IndexSlots(bytes);
     }
+    staging.buffer->PlanIndices(batch->requests_size(),
+                                [&](int32_t r) -> const DecodeTensorBytes& { return all[r]; });
+    for (int r = 0; r < batch->requests_size(); ++r)
+      staging.buffer->FillRow(r, batch->requests(r), all[r]);
     benchmark::ClobberMemory();
   }
   SetCounters(state,
@@ -222,15 +223,17 @@ void BM_RawPath(benchmark::State& state) {
       return;
     }
     const v1::DecodeBatchRequest& batch = *call.request();
-    int64_t index_at = 0;
     for (int r = 0; r < batch.requests_size(); ++r) {
       if (!ValidateDecode(batch.requests(r), call.bytes(r), model).ok()) {
         state.SkipWithError("a request failed validation");
         return;
       }
-      staging.buffer->FillRow(r, batch.requests(r), call.bytes(r), index_at);
-      index_at += StagingBuffer::IndexSlots(call.bytes(r));
     }
+    staging.buffer->PlanIndices(batch.requests_size(), [&](int32_t r) -> const DecodeTensorBytes& {
+      return call.bytes(r);
+    });
+    for (int r = 0; r < batch.requests_size(); ++r)
+      staging.buffer->FillRow(r, batch.requests(r), call.bytes(r));
     benchmark::ClobberMemory();
   }
   SetCounters(state,
