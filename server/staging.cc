@@ -11,9 +11,9 @@ namespace sds::server {
 namespace {
 
 constexpr size_t kAlign = 256;
-constexpr int64_t kIndexAlign = 16;  // int32 slots: each list starts on a 64-byte line
+constexpr size_t kIndexAlign = 16;  // int32 slots: each list starts on a 64-byte line
 
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t AlignUp(size_t n, size_t unit = kAlign) { return (n + unit - 1) / unit * unit; }
 
 // Lays arrays out one after another in one block; first pass sizes, second carves.
 class Carver {
@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<StagingBuffer>> StagingBuffer::Create(Backend* ba
     buf->append_layer_ = c.Take<int32_t>(b);
     buf->slot_ = c.Take<int64_t>(b);
     buf->layer_ = c.Take<int32_t>(b);
-    buf->indices_ = c.Take<int32_t>(b * (buf->index_stride_ + kIndexAlign));
+    buf->indices_ = c.Take<int32_t>(b * (buf->index_stride_ + static_cast<int64_t>(kIndexAlign)));
     buf->index_offset_ = c.Take<int64_t>(b);
     buf->topk_ = c.Take<int32_t>(b);
     buf->indices_per_kv_head_ = c.Take<uint8_t>(b);
@@ -99,9 +99,8 @@ absl::Status StagingBuffer::ReservePageTable(int64_t count) {
 }
 
 int64_t StagingBuffer::IndexSlots(const DecodeTensorBytes& bytes) {
-  const int64_t count =
-      static_cast<int64_t>((bytes.indices.size() + sizeof(int32_t) - 1) / sizeof(int32_t));
-  return (count + kIndexAlign - 1) / kIndexAlign * kIndexAlign;
+  const size_t count = AlignUp(bytes.indices.size(), sizeof(int32_t)) / sizeof(int32_t);
+  return static_cast<int64_t>(AlignUp(count, kIndexAlign));
 }
 
 void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
