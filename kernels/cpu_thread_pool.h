@@ -34,13 +34,13 @@ class CpuThreadPool {
 
   // A hint that a ParallelFor is coming (a batch is on its way): wakes the sleeping
   // workers, which poll for a job (yielding their cores to any other runnable thread)
-  // until the next ParallelFor starts (it consumes the hint: after it the workers sleep
-  // again) or `spin_us` from now; repeated calls extend that deadline. On a VM whose idle
-  // vCPUs halt, a worker woken by the job itself joins it only ~135 us later (2-core VM,
-  // 500 us idle before each job), so jobs shorter than that run on the caller alone;
-  // woken 150 us ahead it joins at once. Polling on after the job kept one core busy
-  // yielding between a server's batches (half the server's CPU samples at DecodeBatch
-  // 64 on 2 cores, taken from its clients). Any thread may call it, at any time; a job
+  // until the next ParallelFor that uses them starts (it consumes the hint: after it the
+  // workers sleep again; a job the caller runs alone leaves the hint) or `spin_us` from now;
+  // repeated calls extend that deadline. On a VM whose idle vCPUs halt, a worker woken by the job
+  // itself joins it only ~135 us later (2-core VM, 500 us idle before each job), so jobs shorter
+  // than that run on the caller alone; woken 150 us ahead it joins at once. Polling on after the
+  // job kept one core busy yielding between a server's batches (half the server's CPU samples at
+  // DecodeBatch 64 on 2 cores, taken from its clients). Any thread may call it, at any time; a job
   // is never waited for.
   void Prewake(int64_t spin_us);
 
