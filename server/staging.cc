@@ -92,7 +92,12 @@ absl::Status StagingBuffer::ReservePageTable(int64_t count) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate a staging page table of ", capacity, " entries"));
   }
-  if (page_table_) backend_->FreeStaging(page_table_);
+  if (page_table_) {
+    // The executor grows the table while it fills it, row after row: the rows already
+    // written keep their page ids.
+    std::memcpy(ptr, page_table_, static_cast<size_t>(page_table_capacity_) * sizeof(int32_t));
+    backend_->FreeStaging(page_table_);
+  }
   page_table_ = static_cast<int32_t*>(ptr);
   page_table_capacity_ = capacity;
   return absl::OkStatus();

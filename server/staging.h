@@ -49,7 +49,7 @@ class StagingBuffer {
                const DecodeTensorBytes& bytes);
   // Moves row `src` to row `dst` (dst < src) to close the gap of a failed request.
   void MoveRow(int32_t dst, int32_t src);
-  // Makes room for `count` page ids; may reallocate page_table.
+  // Makes room for `count` page ids; may reallocate page_table, keeping its entries.
   absl::Status ReservePageTable(int64_t count);
 
   // Points `work` at the first `rows` rows (append rows = decode rows).

@@ -164,5 +164,33 @@ TEST(StagingBufferTest, AFullBatchOfTheLongestListsFits) {
   }
 }
 
+// The executor writes a batch's page tables row after row and grows the table when the
+// next row does not fit: the rows already written must keep their page ids (a table
+// that lost them sent earlier rows to whatever pages the new memory named).
+TEST(StagingBufferTest, GrowingThePageTableKeepsTheRowsWritten) {
+  Fixture f = Make(4, 2, 16, 2);
+  ASSERT_NE(f.staging, nullptr);
+  StagingBuffer& staging = *f.staging;
+  ASSERT_TRUE(staging.ReservePageTable(1).ok());
+  std::mt19937 rng(13);
+  std::vector<int32_t> written;
+  int64_t size = 0;
+  // Rows of growing length until the table has been reallocated several times.
+  int reallocations = 0;
+  for (int64_t row_pages = 50; row_pages <= 800; row_pages *= 2) {
+    const int32_t* before = staging.page_table();
+    ASSERT_TRUE(staging.ReservePageTable(size + row_pages).ok());
+    if (staging.page_table() != before) ++reallocations;
+    for (int64_t j = 0; j < row_pages; ++j) {
+      const auto page = static_cast<int32_t>(rng() % 100000);
+      staging.page_table()[size + j] = page;
+      written.push_back(page);
+    }
+    size += row_pages;
+  }
+  ASSERT_GE(reallocations, 2) << "the test must make the table grow";
+  EXPECT_EQ(std::memcmp(staging.page_table(), written.data(), written.size() * sizeof(int32_t)), 0);
+}
+
 }  // namespace
 }  // namespace sds::server
