@@ -13,9 +13,10 @@
 // there through shared memory (see SparseDecodeKernel).
 // Online softmax in base 2. In per_token_head mode the V scale is folded into the
 // exponent (u = s + log2 v_scale, its own running max) so P stays within f16 range.
-// A request with several chunks writes f32 partials, merged in chunk order by chunk 0
-// over distributed shared memory (small grids, launched as clusters) or by the last CTA
-// of its (request, KV head) to finish through a global workspace; both run MergeChunks
+// A request with several chunks makes f32 partials, merged in chunk order by chunk 0
+// (small grids, launched as clusters: the other chunks push their partials into chunk
+// 0's shared memory with st.async) or by the last CTA of its (request, KV head) to
+// finish through a global workspace; both run MergeChunks
 // with the same operations in the same order, so results are bitwise independent of the
 // batch. The ring depth only sets how far each warp prefetches, never the
 // arithmetic order (deeper rings for small grids measured no faster: bench/RESULTS.md).
@@ -26,7 +27,6 @@
 // for the previous kernel between resolving its rows and issuing its first cache reads.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -59,20 +59,10 @@ static_assert(kDecodeQkChains == 1 || kDecodeQkChains == 2 || kDecodeQkChains ==
 // it may or may not make per kernel instance; the gate must not depend on the instance).
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / __fadd_rn(1.0f, expf(-x)); }
 
-// The cluster barrier without memory ordering: for a CTA that publishes nothing through
-// it, or whose reads of other CTAs' shared memory have all returned (their values were
-// used). cluster.sync()'s release costs a GPU-scope fence (MEMBAR.ALL.GPU), which waits
-// for the CTA's global stores (the outputs) to complete.
-__device__ __forceinline__ void ClusterSyncRelaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::
-                   : "memory");
-}
-
-// Takes part in both cluster barriers of a split request's merge without publishing or
-// reading anything (a CTA with no chunk, or of a one-chunk request).
-__device__ __forceinline__ void ClusterSyncTwice() {
-  ClusterSyncRelaxed();
-  ClusterSyncRelaxed();
+// Bytes each chunk CTA other than chunk 0 pushes into chunk 0's receive area (cluster
+// merge): its partial [G][D] f32 and the statistics [G][kDecodeStatFloats] f32.
+__device__ __forceinline__ uint32_t ClusterPushBytes(int group, int head_dim) {
+  return static_cast<uint32_t>(group) * (head_dim + kDecodeStatFloats) * 4;
 }
 
 // kRows: 8 when G <= 8 (MMA rows 8..15 are padding and skipped), else 16.
@@ -129,12 +119,26 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
                                  p.layer[b],        p.indices_per_kv_head[b], 0};
   const int topk = rq.topk;
   const int num_chunks = topk > kChunk ? (topk + kChunk - 1) / kChunk : 1;
-  // Cluster merge: every CTA of a (request, KV head) cluster passes the same two cluster
-  // barriers (after the partials are written, after chunk 0 has read them), so a CTA
-  // with no chunk of its own, or of a one-chunk request, still takes part in both.
+  // Cluster merge: the other chunk CTAs push their partials into chunk 0's receive area
+  // (after the layout of T, see DecodeTile), whose mbarrier chunk 0 initialises here and
+  // arms with the bytes it will receive. Every CTA of the cluster arrives on the cluster
+  // barrier now and waits on it before it touches another CTA's shared memory (the
+  // pushes need chunk 0 started and its mbarrier initialised) or exits.
   const bool cluster_merge = T::kClusterMergeFits && p.cluster_merge;
+  uint8_t* recv = smem + T::kSmemBytes;  // cluster launches only
+  const uint32_t recv_bar = SmemAddress(recv);
+  float* recv_stats = reinterpret_cast<float*>(recv + 16);  // [max_chunks][16][4]
+  float* recv_part = recv_stats + p.max_chunks * kDecodeMaxGroup * kDecodeStatFloats;
+  if (cluster_merge) {
+    if (chunk == 0 && threadIdx.x == 0 && num_chunks > 1) {
+      MbarrierInit(recv_bar, 1);
+      FenceMbarrierInitCluster();
+      MbarrierArriveExpectTx(recv_bar, (num_chunks - 1) * ClusterPushBytes(p.group, D));
+    }
+    ClusterArriveRelaxed();
+  }
   if (chunk >= num_chunks) {
-    if (cluster_merge) ClusterSyncTwice();
+    if (cluster_merge) ClusterWait();
     return;
   }
 
@@ -835,25 +839,64 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       for (int j = 0; j < W; ++j) val[j] = chunk_value(g, d0 + j);
       finish(g, d0, val, gate_bits[k], hp[0], hp[1], hp[2]);
     }
-    if (cluster_merge) ClusterSyncTwice();
+    if (cluster_merge) ClusterWait();
     return;
   }
 
-  // ---- 5. Split-K: write this chunk's partial [G][D] and statistics [G][4] f32, then
-  // merge in chunk order: chunk 0 over distributed shared memory (cluster launch), or
-  // the last chunk CTA to finish through the global workspace. ----
-  float* part_out;  // this chunk's partial
-  float* stat_out;  // this chunk's statistics
+  // ---- 5. Split-K: this chunk's partial [G][D] and statistics [G][4] f32, merged in
+  // chunk order: by chunk 0 from its receive area (cluster launch), or by the last chunk
+  // CTA to finish through the global workspace. ----
+  // Merge factors of the merging CTA at ring start (the sequences' outputs are consumed).
+  float* cf = reinterpret_cast<float*>(smem);
+  using MergeFloats = typename FinishVec<kDecodeFinishWidth<T::kThreads>>::Floats;
+  if (cluster_merge) {
+    if (chunk != 0) {
+      // Push into chunk 0's slot `chunk`: no fence and no wait for chunk 0; its mbarrier
+      // counts the bytes, and this CTA may exit once the stores are issued.
+      ClusterWait();  // chunk 0 has started and initialised its mbarrier
+      const uint32_t bar0 = ClusterMapShared(recv_bar, 0);
+      const uint32_t part0 =
+          ClusterMapShared(SmemAddress(recv_part + static_cast<int64_t>(chunk) * G * D), 0);
+      for (int e = tid; e < G * D; e += T::kThreads)
+        StoreAsyncCluster(part0 + 4 * e, chunk_value(e / D, e % D), bar0);
+      if (tid < G * kDecodeStatFloats) {
+        const int g = tid / kDecodeStatFloats, k = tid % kDecodeStatFloats;
+        const float* hp = head + g * (4 + kDecodeWarps);
+        const uint32_t stat0 = ClusterMapShared(
+            SmemAddress(recv_stats + (chunk * kDecodeMaxGroup + g) * kDecodeStatFloats + k), 0);
+        StoreAsyncCluster(stat0, k < 3 ? hp[k] : 0.0f, bar0);
+      }
+      return;
+    }
+    for (int e = tid; e < G * D; e += T::kThreads) recv_part[e] = chunk_value(e / D, e % D);
+    if (tid < G) {
+      const float* hp = head + tid * (4 + kDecodeWarps);
+      float* sp = recv_stats + tid * kDecodeStatFloats;
+      sp[0] = hp[0];
+      sp[1] = hp[1];
+      sp[2] = hp[2];
+      sp[3] = 0.0f;
+    }
+    ClusterWait();                     // pairs this CTA's arrive (long since complete)
+    MbarrierWaitCluster(recv_bar, 0);  // every other chunk's bytes have landed
+    __syncthreads();                   // and slot 0 is written
+    MergeChunks<D, kRows, T::kThreads>(
+        cf, num_chunks, G,
+        [&](int c, int g, int k) {
+          return recv_stats[(c * kDecodeMaxGroup + g) * kDecodeStatFloats + k];
+        },
+        [&](int c, int q) {
+          return reinterpret_cast<const MergeFloats*>(recv_part +
+                                                      static_cast<int64_t>(c) * G * D)[q];
+        },
+        p.gate + head0 * D, finish);
+    return;
+  }
   const int64_t pair = static_cast<int64_t>(b) * hkv + kvh;
   float* po = p.partial_o + (pair * p.max_chunks) * G * D;                      // [chunks][G][D]
   float* ps = p.partial_stats + (pair * p.max_chunks) * G * kDecodeStatFloats;  // [chunks][G][4]
-  if (cluster_merge) {
-    part_out = reinterpret_cast<float*>(smem + T::kClusterPartialOffset);
-    stat_out = reinterpret_cast<float*>(smem + T::kClusterStatsOffset);
-  } else {
-    part_out = po + static_cast<int64_t>(chunk) * G * D;
-    stat_out = ps + chunk * G * kDecodeStatFloats;
-  }
+  float* part_out = po + static_cast<int64_t>(chunk) * G * D;
+  float* stat_out = ps + chunk * G * kDecodeStatFloats;
   for (int e = tid; e < G * D; e += T::kThreads) part_out[e] = chunk_value(e / D, e % D);
   if (tid < G) {
     const float* hp = head + tid * (4 + kDecodeWarps);
@@ -862,36 +905,6 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
     sp[1] = hp[1];
     sp[2] = hp[2];
     sp[3] = 0.0f;
-  }
-  // Merge factors of the merging CTA at ring start (the sequences' outputs are consumed).
-  float* cf = reinterpret_cast<float*>(smem);
-  if (cluster_merge) {
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    cluster.sync();  // every chunk's partial is visible to the cluster
-    if (chunk == 0) {
-      const float* cpo = reinterpret_cast<const float*>(smem + T::kClusterPartialOffset);
-      const float* cps = reinterpret_cast<const float*>(smem + T::kClusterStatsOffset);
-      MergeChunks<D, kRows, T::kThreads>(
-          cf, num_chunks, G,
-          [&](int c, int g, int k) {
-            return cluster.map_shared_rank(cps, c)[g * kDecodeStatFloats + k];
-          },
-          [&](int c, int q) {
-            using Floats = typename FinishVec<kDecodeFinishWidth<T::kThreads>>::Floats;
-            return reinterpret_cast<const Floats*>(cluster.map_shared_rank(cpo, c))[q];
-          },
-          p.gate + head0 * D, finish);
-    }
-    // Chunk 0 is done reading: the other CTAs may exit. Nothing is published through
-    // this barrier, so no fence. Invariant this relies on: every value chunk 0 loads from
-    // another CTA's shared memory is consumed (MergeChunks accumulates each one) before
-    // it arrives, so those loads have completed; the PTX model itself promises no
-    // ordering for a relaxed arrive. A remote load whose value went unused before this
-    // point would break it (racecheck would not notice). The formal alternative (a
-    // release arrive right after MergeChunks' accumulation, the wait after the output
-    // stores) measured 2.7 % slower at one request (bench/RESULTS.md, session 9).
-    ClusterSyncRelaxed();
-    return;
   }
   __threadfence();
   __syncthreads();
@@ -904,8 +917,8 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       cf, num_chunks, G,
       [&](int c, int g, int k) { return __ldcg(ps + (c * G + g) * kDecodeStatFloats + k); },
       [&](int c, int q) {
-        using Floats = typename FinishVec<kDecodeFinishWidth<T::kThreads>>::Floats;
-        return __ldcg(reinterpret_cast<const Floats*>(po + static_cast<int64_t>(c) * G * D) + q);
+        return __ldcg(reinterpret_cast<const MergeFloats*>(po + static_cast<int64_t>(c) * G * D) +
+                      q);
       },
       p.gate + head0 * D, finish);
   if (tid == 0) p.counters[pair] = 0;

@@ -28,7 +28,10 @@ const KernelConfig& Configure() {
     constexpr int kSmem = T::kSmemBytes;
     auto* kernel = &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp, kQkAhead>;
     KernelConfig c;
-    c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    // The limit covers a cluster launch's receive area too (occupancy is asked for kSmem).
+    const int max_smem =
+        kSmem + (T::kClusterMergeFits ? T::ClusterRecvBytes(T::kMaxClusterChunks) : 0);
+    c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
     if (c.error != cudaSuccess) return c;
     c.error = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    static_cast<int>(cudaSharedmemCarveoutMaxShared));
@@ -54,18 +57,21 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   const KernelConfig& config = Configure<D, kRows, kPerToken, kPvWarp, kQkAhead>();
   if (config.error != cudaSuccess) return config.error;
   const dim3 grid(params.num_kv_heads, params.max_chunks, num_requests);
-  // Split requests merge over distributed shared memory where the instance fits it, a
-  // cluster of max_chunks CTAs is portable (<= 8: top-K <= 4096) and the grid is at most
-  // one CTA per SM, if the caller allows. On the H200 the cluster merge took 1 request
-  // from 17.9 to 17.0 us but 64 x 2048 from 96 to 108 us and 8 requests from 25.3 to
-  // 25.8 (clusters constrain where CTAs run): bench/RESULTS.md. Same bits either way.
+  // Split requests merge in a cluster (chunk 0's shared memory receives the partials)
+  // where the instance fits it, a cluster of max_chunks CTAs is portable (<= 8: top-K <=
+  // 4096) and the grid is at most one CTA per SM, if the caller allows. On the H200 the
+  // cluster merge took 1 request from 17.9 to 17.0 us but 64 x 2048 from 96 to 108 us and
+  // 8 requests from 25.3 to 25.8 (clusters constrain where CTAs run): bench/RESULTS.md.
+  // Same bits either way.
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
   params.cluster_merge = params.cluster_merge && T::kClusterMergeFits && params.max_chunks >= 2 &&
-                         params.max_chunks <= 8 && ctas <= config.sms;
+                         params.max_chunks <= T::kMaxClusterChunks && ctas <= config.sms;
   cudaLaunchConfig_t launch = {};
   launch.gridDim = grid;
   launch.blockDim = dim3(T::kThreads);
-  launch.dynamicSmemBytes = kSmem;
+  // Cluster launches add chunk 0's receive area (every CTA gets it; one CTA per SM).
+  launch.dynamicSmemBytes =
+      kSmem + (params.cluster_merge ? T::ClusterRecvBytes(params.max_chunks) : 0);
   launch.stream = stream;
   cudaLaunchAttribute attrs[2];
   // Programmatic dependent launch: the CTAs may start while the previous kernel of the
@@ -79,6 +85,7 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   // Without clusters: one CTA merges through the global workspace.
   auto launch_plain = [&] {
     params.cluster_merge = 0;
+    launch.dynamicSmemBytes = kSmem;
     launch.numAttrs = 0;
     launch.attrs = attrs;
     add_pdl();

@@ -86,14 +86,22 @@ struct DecodeTile {
   static constexpr int kMergeMaxChunks =
       ((kPostInRing ? kFlagOffset : kRingBytes) / 4 - kDecodeMaxGroup * 4) / kDecodeMaxGroup;
   static_assert(kMergeMaxChunks >= kDecodeMaxChunks, "merge factors");
-  // Cluster merge (p.cluster_merge): each chunk CTA leaves its partial [G][D] f32 and its
-  // statistics [16][4] f32 in its own ring, after the flag, for chunk 0 to read over
-  // distributed shared memory. Where they do not fit (D 256, G > 8), the launch uses the
-  // global workspace.
-  static constexpr int kClusterPartialOffset = kFlagOffset + kFlagBytes;
-  static constexpr int kClusterStatsOffset = kClusterPartialOffset + kRows * D * 4;
+  // Cluster merge (p.cluster_merge): chunk 0's receive area, after the layout above and
+  // only in cluster launches (the launch adds ClusterRecvBytes(max_chunks) to the dynamic
+  // shared memory). Every other chunk CTA pushes its partial and statistics there with
+  // st.async, counted by the area's mbarrier, while chunk 0 may still be in its main loop
+  // (so the area is its own, not the ring). Map (bytes from kSmemBytes):
+  //   mbarrier (8, padded to 16); stats [chunks][16][4] f32; partials [chunks][G * D] f32
+  // (chunk 0 writes its own slot 0 locally).
+  static constexpr int kClusterStatsBytes = kDecodeMaxGroup * kDecodeStatFloats * 4;
+  __host__ __device__ static constexpr int ClusterRecvBytes(int chunks) {
+    return 16 + chunks * (kClusterStatsBytes + kRows * D * 4);
+  }
+  // The largest cluster (8 CTAs, portable) must fit the opt-in shared memory per CTA.
+  static constexpr int kMaxClusterChunks = 8;
+  static constexpr int kMaxSmemPerCta = 227 * 1024;
   static constexpr bool kClusterMergeFits =
-      kPostInRing && kClusterStatsOffset + kDecodeMaxGroup * kDecodeStatFloats * 4 <= kRingBytes;
+      kSmemBytes % 16 == 0 && kSmemBytes + ClusterRecvBytes(kMaxClusterChunks) <= kMaxSmemPerCta;
   // Q fragments built per thread (the last round may leave threads idle).
   static constexpr int kQFragPerThread = (kKSteps * 32 + kThreads - 1) / kThreads;
 

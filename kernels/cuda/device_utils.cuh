@@ -1,6 +1,7 @@
 // Small device helpers for the sm_90a kernels: FP8 pair conversion, the m16n8k16 f16
-// tensor-core MMA, 16-byte cp.async with zero fill, fast base-2 exponentials and the
-// programmatic dependent launch controls.
+// tensor-core MMA, 16-byte cp.async with zero fill, fast base-2 exponentials, the
+// programmatic dependent launch controls and the cluster primitives (split barrier,
+// mbarriers, asynchronous stores into another CTA's shared memory).
 #pragma once
 
 #include <cstdint>
@@ -98,6 +99,59 @@ __device__ __forceinline__ float FastExp2(float x) {
 
 __device__ __forceinline__ uint4 LoadShared16(const uint8_t* ptr) {
   return *reinterpret_cast<const uint4*>(ptr);
+}
+
+// ---- Thread block clusters: split cluster barrier, mbarriers, stores into another CTA. ----
+// The cluster barrier in two halves: every thread of every CTA of the cluster arrives
+// once, and a thread's wait returns once all of them have arrived. Relaxed: the arrive
+// orders no memory by itself (FenceMbarrierInitCluster orders an mbarrier.init before it).
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+// mbarrier at shared address `bar` (8-byte aligned) of this CTA, expecting `count` arrivals.
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes this thread's earlier mbarrier.init visible to the cluster (before its arrive).
+__device__ __forceinline__ void FenceMbarrierInitCluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// One arrival on `bar` that also expects `bytes` of asynchronous stores (complete_tx).
+__device__ __forceinline__ void MbarrierArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Waits for phase `parity` of `bar` to complete, with acquire at cluster scope: what other
+// CTAs' st.async wrote under it is visible afterwards.
+__device__ __forceinline__ void MbarrierWaitCluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+// The shared::cluster address of shared address `addr` in the cluster's CTA `rank`.
+__device__ __forceinline__ uint32_t ClusterMapShared(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+// Stores 4 bytes at `remote` (a shared::cluster address) without waiting; its completion
+// counts 4 bytes against the mbarrier `remote_bar` (in the same CTA as `remote`).
+__device__ __forceinline__ void StoreAsyncCluster(uint32_t remote, float value,
+                                                  uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote),
+      "r"(__float_as_uint(value)), "r"(remote_bar)
+      : "memory");
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of
