@@ -17,6 +17,10 @@ std::unique_ptr<DecodeClient> DecodeClient::Connect(const std::string& address,
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   if (options.dedicated_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (options.keepalive_time.count() > 0) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_time.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(options.keepalive_timeout.count()));
+  }
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   return std::make_unique<DecodeClient>(std::move(channel), std::move(options));
 }
@@ -170,7 +174,9 @@ absl::StatusOr<std::unique_ptr<DecodeStream>> DecodeClient::OpenStream(const Cal
   auto shape = GetShape();
   if (!shape.ok()) return shape.status();
   auto ctx = std::make_unique<grpc::ClientContext>();
-  // A stream lives across many calls: no deadline unless the caller asks for one.
+  // A stream lives across many calls: no deadline unless the caller asks for one. Each
+  // Receive has its own timeout; a Send blocked in Write is ended by Cancel() (or by
+  // keepalive when the peer is gone).
   CallOptions c = call;
   if (!c.timeout) c.timeout = std::chrono::milliseconds(0);
   PrepareContext(ctx.get(), c);

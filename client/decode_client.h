@@ -5,6 +5,7 @@
 // Thread-safe: one DecodeClient may be shared by many threads (gRPC channels are).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -35,6 +36,14 @@ struct ClientOptions {
   // Connect(): open a TCP connection of this channel's own instead of sharing one
   // with other channels to the same address (load generators want several).
   bool dedicated_connection = false;
+  // Connect(): HTTP/2 keepalive pings every `keepalive_time` (0: off, gRPC's default), so
+  // a peer that vanished without a reset (host down, partition) fails the channel's calls,
+  // streams without a deadline included, after `keepalive_timeout` instead of never.
+  // Servers answer pings more often than every 5 minutes with GOAWAY "too_many_pings"
+  // unless data flows (gRPC's ping policy), so leave it off for channels that idle with
+  // streams open.
+  std::chrono::milliseconds keepalive_time{0};
+  std::chrono::milliseconds keepalive_timeout{10000};
 };
 
 // Per-call overrides.
@@ -146,6 +155,10 @@ class DecodeStream {
   absl::StatusOr<DecodeOutput> Call(const DecodeInput& in, std::chrono::milliseconds timeout);
   // Half-closes, drains and returns the stream's final status.
   absl::Status Close();
+  // Cancels the stream; callable from any thread, while another is in Send or Receive.
+  // A Send blocked in Write has no deadline of its own (the stream's window is full when
+  // the server does not read); this is how another thread makes it return.
+  void Cancel();
   // OK while the stream is open and healthy.
   absl::Status status();
 
@@ -166,6 +179,7 @@ class DecodeStream {
   bool reader_done_ = false;
   absl::Status final_status_;
   uint64_t next_id_ = 1;
+  std::atomic<bool> cancelled_{false};
   std::thread reader_;
 };
 

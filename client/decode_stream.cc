@@ -61,6 +61,7 @@ absl::StatusOr<uint64_t> DecodeStream::Send(const DecodeInput& in) {
   std::lock_guard<std::mutex> lock(write_mu_);
   if (writes_done_) return absl::FailedPreconditionError("DecodeStream is closed");
   if (!rw_->Write(*req)) {
+    if (cancelled_.load()) return absl::CancelledError("DecodeStream cancelled by the caller");
     return absl::UnavailableError("DecodeStream write failed: the stream is broken");
   }
   return id;
@@ -96,6 +97,13 @@ absl::StatusOr<DecodeOutput> DecodeStream::Call(const DecodeInput& in,
   auto id = Send(in);
   if (!id.ok()) return id.status();
   return Receive(*id, timeout);
+}
+
+void DecodeStream::Cancel() {
+  cancelled_ = true;
+  // Thread-safe in gRPC; the reader then sees the stream end and Finish()es it, once a
+  // Write blocked under write_mu_ has returned (it does, failed).
+  ctx_->TryCancel();
 }
 
 absl::Status DecodeStream::Close() {

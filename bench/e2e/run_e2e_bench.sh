@@ -4,7 +4,8 @@
 # Shapes (SHAPES): seed = 32/8 heads, D 128, top-K 512; small = 8/2 heads, D 64,
 # top-K 64 (so that on a small CPU host the attention maths is not the limit).
 # Cases per shape: 1, 16 and 256 concurrent streams, DecodeBatch of 64 and 256.
-# Prints throughput and p99 as ratios to the echo ceiling; fails on an empty or crashed run.
+# Prints throughput and p99 as ratios to the echo ceiling; fails on an empty or crashed run
+# and on a case that did not write its JSON (or its PNGs, when gnuplot is there).
 #
 #   bash bench/e2e/run_e2e_bench.sh [BIN_DIR]
 # BIN_DIR: a CMake build dir (default build) or a flat dir holding decode_server,
@@ -15,6 +16,8 @@
 #   SERVER_FLAGS (extra decode_server flags; default "--eager_batching", plus
 #   "--inline_idle_batches" with BACKEND=cpu, "--idle_spin_us=2000" with BACKEND=cuda
 #   (each measured faster with its backend: bench/RESULTS.md); "" for none).
+# OUT_DIR (default BIN_DIR/e2e_bench) is kept across runs: each case's files from an
+# earlier run are deleted before the case runs, so only this run's results are read.
 set -euo pipefail
 
 BIN=${1:-build}
@@ -45,6 +48,13 @@ for bin in "$LOADGEN" "$ECHO" "$SERVER"; do
   [[ -x $bin ]] || { echo "run_e2e_bench: $bin not built" >&2; exit 1; }
 done
 mkdir -p "$OUT_DIR"
+rm -f "$OUT_DIR/summary.md"
+# Plots need gnuplot; without it the run goes on without them, saying so.
+PLOT=1
+if ! command -v gnuplot >/dev/null; then
+  PLOT=0
+  echo "run_e2e_bench: WARNING: no gnuplot: no PNG plots this run" >&2
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PIDS=()
@@ -63,14 +73,24 @@ wait_port() {  # pid port name
 run() {  # name target pid extra-flags...
   local name=$1 target=$2 pid=$3; shift 3
   echo "== $name" >&2
+  # An earlier run's files must not pass for this run's.
+  rm -f "$OUT_DIR/$name.json" "$OUT_DIR/$name.txt" "$OUT_DIR/${name}_latency_time.png" \
+    "$OUT_DIR/${name}_latency_dist.png" "$OUT_DIR/${name}"_*.dat "$OUT_DIR/${name}_plots.gp"
+  local plot=()
+  if ((PLOT)); then plot=(--plot_prefix="$OUT_DIR/$name"); fi
   if ! "$LOADGEN" --target="$target" --prefill_len="$PREFILL" --topk="$TOPK" \
       --duration_s="$DURATION_S" --warmup_s="$WARMUP_S" --timeout_ms="$TIMEOUT_MS" \
-      --label="$name" --json_out="$OUT_DIR/$name.json" --plot_prefix="$OUT_DIR/$name" "$@" \
+      --label="$name" --json_out="$OUT_DIR/$name.json" "${plot[@]}" "$@" \
       >"$OUT_DIR/$name.txt" 2>&1; then
     cat "$OUT_DIR/$name.txt" >&2
-    echo "run_e2e_bench: FAILED: $name (empty run or errors)" >&2; exit 1
+    echo "run_e2e_bench: FAILED: $name (empty run, errors or outputs not written)" >&2; exit 1
   fi
   kill -0 "$pid" 2>/dev/null || { echo "run_e2e_bench: FAILED: server died during $name" >&2; exit 1; }
+  local want=("$OUT_DIR/$name.json")
+  if ((PLOT)); then want+=("$OUT_DIR/${name}_latency_time.png" "$OUT_DIR/${name}_latency_dist.png"); fi
+  for f in "${want[@]}"; do
+    [[ -s $f ]] || { echo "run_e2e_bench: FAILED: $name did not write $f" >&2; exit 1; }
+  done
   sed -n '1,20p' "$OUT_DIR/$name.txt" >&2
 }
 

@@ -21,6 +21,9 @@ ABSL_FLAG(int32_t, topk, 512, "indices per request, drawn from the sequence's pr
 ABSL_FLAG(bool, per_head_indices, false, "send [Hkv, K] indices instead of [K]");
 ABSL_FLAG(bool, return_lse, false, "ask for lse");
 ABSL_FLAG(int32_t, timeout_ms, 2000, "deadline of every call");
+ABSL_FLAG(int32_t, keepalive_ms, 10000,
+          "HTTP/2 keepalive ping interval, and its answer's timeout (0 = off): a server gone "
+          "without a reset fails the calls and streams within about twice this");
 ABSL_FLAG(double, stall_s, 5, "abort when nothing succeeded this long and errors were seen");
 ABSL_FLAG(uint64_t, seed, 1, "random seed");
 ABSL_FLAG(std::string, tenant_id, "", "x-tenant-id metadata");
@@ -61,6 +64,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.per_head_indices = absl::GetFlag(FLAGS_per_head_indices);
   c.return_lse = absl::GetFlag(FLAGS_return_lse);
   c.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  c.keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
   c.stall_s = absl::GetFlag(FLAGS_stall_s);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.tenant_id = absl::GetFlag(FLAGS_tenant_id);
@@ -75,6 +79,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
         "--concurrency, --channels, --batch_size, --topk, --prefill_len, --prefill_chunk, "
         "--max_new_tokens and --timeout_ms must be >= 1");
   }
+  if (c.keepalive_ms < 0) return absl::InvalidArgumentError("--keepalive_ms must be >= 0");
   if (c.rate < 0 || c.duration_s < 0 || c.warmup_s < 0 || c.requests < 0) {
     return absl::InvalidArgumentError("--rate, --duration_s, --warmup_s, --requests must be >= 0");
   }

@@ -28,7 +28,8 @@ struct Config {
   bool per_head_indices = false;
   bool return_lse = false;
   int timeout_ms = 2000;
-  double stall_s = 5;  // abort when nothing succeeded for this long and errors were seen
+  int keepalive_ms = 10000;  // HTTP/2 keepalive ping interval; 0 = off
+  double stall_s = 5;        // abort when nothing succeeded for this long and errors were seen
   uint64_t seed = 1;
   std::string tenant_id;
   std::string token;

@@ -13,17 +13,50 @@ struct Runner::Worker {
   std::vector<int> seqs;
   std::vector<Cursor> cursors;
   std::vector<client::DecodeInput> inputs;
-  std::unique_ptr<client::DecodeStream> stream;
   std::mt19937_64 rng;
   WorkerStats stats;
   int consecutive_errors = 0;
   Clock::time_point call_end;
+  // The open stream (stream mode). Only the worker replaces it, always under stream_mu,
+  // so that the runner can cancel it (CancelStreams) while the worker is blocked in it.
+  std::mutex stream_mu;
+  std::unique_ptr<client::DecodeStream> stream;
+  bool stream_cancelled = false;           // by the runner; guarded by stream_mu
+  std::atomic<int64_t> stream_call_ns{0};  // start of the stream call in flight; 0: none
 };
+
+namespace {
+
+// A stream call's Receive waits --timeout_ms after its Send; the runner cancels a call
+// only a little later, so that a slow answer fails through Receive's own timeout and
+// only a Send stuck in Write (which has no deadline) needs the cancel.
+constexpr auto kStreamCallSlack = std::chrono::milliseconds(100);
+
+int64_t Micros(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+}  // namespace
 
 Runner::Runner(const Config& config,
                const std::vector<std::unique_ptr<client::DecodeClient>>& clients,
                const Workload& workload)
     : config_(config), clients_(clients), workload_(workload) {}
+
+Runner::~Runner() = default;
+
+void Runner::ReplaceStream(Worker* w, std::unique_ptr<client::DecodeStream> s) {
+  std::unique_ptr<client::DecodeStream> old;  // destroyed after the unlock: it joins a thread
+  std::lock_guard<std::mutex> lock(w->stream_mu);
+  old = std::move(w->stream);
+  w->stream = std::move(s);
+  w->stream_cancelled = false;
+  // Opened after CancelStreams(true) went by this worker: it would not come back.
+  if (w->stream && cancel_all_streams_.load()) {
+    w->stream->Cancel();
+    w->stream_cancelled = true;
+  }
+}
 
 RunResult Runner::Run() {
   const auto secs = [](double s) {
@@ -35,10 +68,9 @@ RunResult Runner::Run() {
       config_.duration_s > 0 ? measure_start_ + secs(config_.duration_s) : Clock::time_point::max();
   last_success_ns_ = t0_.time_since_epoch().count();
 
-  std::vector<Worker> workers(config_.concurrency);
   const int per = config_.SequencesPerWorker();
   for (int i = 0; i < config_.concurrency; ++i) {
-    Worker& w = workers[i];
+    Worker& w = *workers_.emplace_back(std::make_unique<Worker>());
     w.index = i;
     w.client = clients_[i % clients_.size()].get();
     w.rng.seed(config_.seed * 7919 + i);
@@ -50,7 +82,7 @@ RunResult Runner::Run() {
   }
   active_workers_ = config_.concurrency;
   std::vector<std::thread> threads;
-  for (auto& w : workers) threads.emplace_back([this, &w] { WorkerLoop(&w); });
+  for (auto& w : workers_) threads.emplace_back([this, w = w.get()] { WorkerLoop(w); });
   std::thread scheduler;
   if (config_.rate > 0) scheduler = std::thread([this] { Scheduler(); });
 
@@ -61,6 +93,7 @@ RunResult Runner::Run() {
     const auto now = Clock::now();
     stop_time = now;
     if (now >= end_ || active_workers_.load() == 0) break;
+    if (config_.mode == Mode::kStream) CancelStreams(/*all=*/false);
     const auto since_success = now - Clock::time_point(Clock::duration(last_success_ns_.load()));
     if (errors_.load() > 0 && since_success > secs(config_.stall_s)) {
       result.aborted = true;
@@ -71,16 +104,60 @@ RunResult Runner::Run() {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    stop_time_ = stop_time;
     stop_ = true;
   }
   cv_.notify_all();
   if (scheduler.joinable()) scheduler.join();
-  for (auto& t : threads) t.join();
-  for (auto& w : workers) result.stats.Merge(std::move(w.stats));
-  result.not_sent = static_cast<int64_t>(tickets_.size());
+  StopWorkers(threads, result.aborted);
+  for (auto& w : workers_) result.stats.Merge(std::move(w->stats));
+  // What is still queued was due by the stop and never sent. The scheduler and the
+  // workers are joined: no lock needed.
+  for (const Clock::time_point t : tickets_) {
+    ++result.not_sent;
+    if (Measured(t)) {
+      result.not_sent_charged.push_back({Micros(t - measure_start_), Micros(stop_time - t)});
+    }
+  }
   result.measured_s = std::max(
       0.0, std::chrono::duration<double>(std::min(stop_time, end_) - measure_start_).count());
   return result;
+}
+
+void Runner::StopWorkers(std::vector<std::thread>& threads, bool abort) {
+  // A down server is not waited for.
+  if (abort) CancelStreams(/*all=*/true);
+  // Calls in flight end within --timeout_ms: unary and batch calls by their deadline, a
+  // stream's Receive by its timeout, a stream's Send blocked in Write by CancelStreams.
+  // Past that something is stuck: cancel every stream, so that the joins return.
+  const auto give_up = Clock::now() + std::chrono::milliseconds(config_.timeout_ms) +
+                       kStreamCallSlack + std::chrono::seconds(1);
+  while (active_workers_.load() > 0) {
+    if (Clock::now() >= give_up) {
+      CancelStreams(/*all=*/true);
+      break;
+    }
+    CancelStreams(/*all=*/false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto& t : threads) t.join();
+}
+
+void Runner::CancelStreams(bool all) {
+  if (all) cancel_all_streams_ = true;
+  const int64_t now = Clock::now().time_since_epoch().count();
+  const int64_t limit = std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::milliseconds(config_.timeout_ms) + kStreamCallSlack)
+                            .count();
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> lock(w->stream_mu);
+    if (!w->stream || w->stream_cancelled) continue;
+    const int64_t start = w->stream_call_ns.load();
+    if (all || (start != 0 && now - start > limit)) {
+      w->stream->Cancel();
+      w->stream_cancelled = true;
+    }
+  }
 }
 
 void Runner::Scheduler() {
@@ -88,12 +165,15 @@ void Runner::Scheduler() {
   std::exponential_distribution<double> gap(config_.rate);
   auto t = t0_;
   int64_t n = 0;
-  while (!stop_.load()) {
+  while (true) {
     t += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
     if ((config_.requests > 0 && n >= config_.requests) || t >= end_) break;
     while (!stop_.load() && Clock::now() < t) {
       std::this_thread::sleep_until(std::min(t, Clock::now() + std::chrono::milliseconds(50)));
     }
+    // Once stopped, arrivals due by the stop that this thread had not queued yet (it
+    // wakes late) are still queued: they were not sent either, and count as such.
+    if (stop_.load() && t > stop_time_) break;
     {
       std::lock_guard<std::mutex> lock(mu_);
       tickets_.push_back(t);
@@ -133,7 +213,7 @@ void Runner::WorkerLoop(Worker* w) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1 << shift));
     }
   }
-  w->stream.reset();
+  ReplaceStream(w, nullptr);
   --active_workers_;
 }
 
@@ -146,20 +226,53 @@ void Runner::RecordSuccess(Worker* w, Clock::time_point intended, const client::
     return;
   }
   if (first_of_call) {
-    using std::chrono::duration_cast;
-    using std::chrono::microseconds;
-    w->stats.calls.push_back({duration_cast<microseconds>(intended - measure_start_).count(),
-                              duration_cast<microseconds>(w->call_end - intended).count()});
+    w->stats.calls.push_back({Micros(intended - measure_start_), Micros(w->call_end - intended)});
   }
   ++w->stats.token_layers;
   w->stats.queue_us.push_back(b.queue_us);
   w->stats.compute_us.push_back(b.compute_us);
 }
 
-void Runner::RecordError(Worker* w, const absl::Status& s) {
+void Runner::RecordError(Worker* w, Clock::time_point intended, const absl::Status& s,
+                         int64_t requests) {
   ++w->consecutive_errors;
-  ++errors_;
-  w->stats.AddError(absl::StatusCodeToString(s.code()), std::string(s.message()));
+  ++errors_;  // the stall detector's: warm-up errors count there too
+  // Same window rule as the successes.
+  if (!Measured(intended)) {
+    w->stats.warmup_errors += requests;
+    return;
+  }
+  w->stats.AddError(absl::StatusCodeToString(s.code()), std::string(s.message()), requests);
+}
+
+absl::StatusOr<client::DecodeOutput> Runner::StreamCall(Worker* w) {
+  if (!w->stream) {
+    auto s = w->client->OpenStream();
+    if (!s.ok()) return s.status();
+    ReplaceStream(w, *std::move(s));
+  }
+  w->stream_call_ns = Clock::now().time_since_epoch().count();
+  auto r = w->stream->Call(w->inputs[0], std::chrono::milliseconds(config_.timeout_ms));
+  w->stream_call_ns = 0;
+  if (r.ok()) return r;
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> lock(w->stream_mu);
+    cancelled = w->stream_cancelled;
+  }
+  // A broken, stuck or cancelled stream is replaced; a request that failed alone is not.
+  if (cancelled || !w->stream->status().ok() ||
+      r.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    ReplaceStream(w, nullptr);
+  }
+  if (cancelled) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(cancel_all_streams_.load() ? "stream call cut off at the end of the run"
+                                                : "stream call not done within --timeout_ms",
+                     " (a Send blocks when the server does not read); stream cancelled: ",
+                     r.status().ToString()));
+  }
+  return r;
 }
 
 void Runner::Execute(Worker* w, Clock::time_point intended) {
@@ -171,11 +284,12 @@ void Runner::Execute(Worker* w, Clock::time_point intended) {
   if (config_.mode == Mode::kBatch) {
     auto r = w->client->DecodeBatch(w->inputs, call);
     w->call_end = Clock::now();
-    if (!r.ok()) return RecordError(w, r.status());
+    // The unit is the request: a failed RPC fails each of its requests.
+    if (!r.ok()) return RecordError(w, intended, r.status(), std::ssize(w->inputs));
     bool first = true;
     for (size_t i = 0; i < r->size(); ++i) {
       if (!(*r)[i].ok()) {
-        RecordError(w, (*r)[i].status());
+        RecordError(w, intended, (*r)[i].status());
         continue;
       }
       RecordSuccess(w, intended, (*r)[i]->batch, first);
@@ -184,27 +298,10 @@ void Runner::Execute(Worker* w, Clock::time_point intended) {
     }
     return;
   }
-  absl::StatusOr<client::DecodeOutput> r;
-  if (config_.mode == Mode::kUnary) {
-    r = w->client->Decode(w->inputs[0], call);
-  } else {
-    if (!w->stream) {
-      auto s = w->client->OpenStream();
-      if (!s.ok()) {
-        w->call_end = Clock::now();
-        return RecordError(w, s.status());
-      }
-      w->stream = *std::move(s);
-    }
-    r = w->stream->Call(w->inputs[0], *call.timeout);
-    // A broken or stuck stream is replaced; a request that failed alone is not.
-    if (!r.ok() &&
-        (!w->stream->status().ok() || r.status().code() == absl::StatusCode::kDeadlineExceeded)) {
-      w->stream.reset();
-    }
-  }
+  absl::StatusOr<client::DecodeOutput> r =
+      config_.mode == Mode::kUnary ? w->client->Decode(w->inputs[0], call) : StreamCall(w);
   w->call_end = Clock::now();
-  if (!r.ok()) return RecordError(w, r.status());
+  if (!r.ok()) return RecordError(w, intended, r.status());
   RecordSuccess(w, intended, r->batch, true);
   workload_.Advance(&w->cursors[0]);
 }

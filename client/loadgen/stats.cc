@@ -6,8 +6,8 @@
 
 namespace sds::loadgen {
 
-void WorkerStats::AddError(const std::string& code, const std::string& message) {
-  ++errors[code];
+void WorkerStats::AddError(const std::string& code, const std::string& message, int64_t requests) {
+  errors[code] += requests;
   error_examples.try_emplace(code, message);
 }
 
@@ -17,6 +17,7 @@ void WorkerStats::Merge(WorkerStats&& o) {
   compute_us.insert(compute_us.end(), o.compute_us.begin(), o.compute_us.end());
   token_layers += o.token_layers;
   warmup_calls += o.warmup_calls;
+  warmup_errors += o.warmup_errors;
   for (auto& [k, v] : o.errors) errors[k] += v;
   for (auto& [k, v] : o.error_examples) error_examples.try_emplace(k, v);
 }

@@ -18,11 +18,14 @@ struct WorkerStats {
   std::vector<Sample> calls;                  // successful calls in the measured window
   std::vector<int64_t> queue_us, compute_us;  // per successful request (server BatchInfo)
   int64_t token_layers = 0;                   // successful requests in the window
-  std::map<std::string, int64_t> errors;      // status code name -> count
+  // Failed requests (token-layers) in the window, by status code name: a DecodeBatch RPC
+  // that failed as a whole counts each of its requests, like per-request errors do.
+  std::map<std::string, int64_t> errors;
   std::map<std::string, std::string> error_examples;
   int64_t warmup_calls = 0;
+  int64_t warmup_errors = 0;  // failed requests sent during the warm-up (not in `errors`)
 
-  void AddError(const std::string& code, const std::string& message);
+  void AddError(const std::string& code, const std::string& message, int64_t requests = 1);
   void Merge(WorkerStats&& other);
 };
 

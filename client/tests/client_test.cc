@@ -1,5 +1,6 @@
 // sds_client against an in-process echo DecodeService, and its tensor codec.
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 
@@ -188,6 +189,56 @@ TEST(Metadata, TenantAndBearerAreSent) {
   ASSERT_TRUE(client->GetModelInfo().ok());
   EXPECT_EQ(service.seen["x-tenant-id"], "tenant-a");
   EXPECT_EQ(service.seen["authorization"], "Bearer secret");
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+// Accepts DecodeStream calls and never reads them.
+class NeverReadService final : public v1::DecodeService::CallbackService {
+  class Stuck final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+   public:
+    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+    void OnDone() override { delete this; }
+  };
+
+ public:
+  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
+      grpc::CallbackServerContext*) override {
+    return new Stuck();
+  }
+};
+
+TEST(Deadlines, CancelEndsASendBlockedInWrite) {
+  NeverReadService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  // HTTP/2's 64 KiB windows, not the MBs of gRPC's BDP probing: the Write below blocks.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16384);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  auto client = DecodeClient::Connect("127.0.0.1:" + std::to_string(port));
+  const Shape big{32, 4, 1024};  // ~150 KB requests
+  client->SetShape(big);
+  DecodeInput in;
+  in.sequence_id = "s";
+  in.q.assign(32 * 1024, 0x3f80);
+  in.gate = in.q;
+  in.k.assign(4 * 1024, 0);
+  in.v = in.k;
+  in.indices = {0};
+  auto stream = client->OpenStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto sent = std::async(std::launch::async, [&] { return (*stream)->Send(in); });
+  ASSERT_EQ(sent.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "the Send did not block: the test does not test anything";
+  (*stream)->Cancel();
+  if (sent.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "Cancel() did not end the blocked Send";
+    server->Shutdown(std::chrono::system_clock::now());  // frees it
+  }
+  EXPECT_EQ(sent.get().status().code(), absl::StatusCode::kCancelled);
   server->Shutdown(std::chrono::system_clock::now());
 }
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """decode_loadgen against echo_server (and decode_server when given): sane JSON, and a
-non-zero exit, without hanging, when the server is killed mid-run.
+non-zero exit, without hanging, when the server is killed mid-run; overload reported in
+the latency; a non-zero exit when an output cannot be written; and bench/e2e's script
+reading only what its run wrote.
 
     python3 test_loadgen.py --loadgen L --echo_server E [--decode_server S]
 """
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +20,7 @@ import unittest
 from sds_testutil import ServerProcess, free_port
 
 ARGS = None
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPE = ["--num_layers=2", "--num_q_heads=8", "--num_kv_heads=2", "--head_dim=64"]
 
 
@@ -27,14 +31,14 @@ def listening(address):
 
 
 class LoadgenTest(unittest.TestCase):
-    def run_loadgen(self, target, *flags, timeout=120):
+    def run_loadgen(self, target, *flags, timeout=120, env=None):
         out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
         out.close()
         self.addCleanup(os.unlink, out.name)
         argv = [ARGS.loadgen, f"--target={target}", f"--json_out={out.name}",
                 "--prefill_len=64", "--topk=32", "--warmup_s=0.3", "--timeout_ms=2000"]
         proc = subprocess.run(argv + list(flags), capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env=env)
         summary = None
         if os.path.getsize(out.name) > 0:
             with open(out.name) as f:
@@ -47,13 +51,16 @@ class LoadgenTest(unittest.TestCase):
         self.assertEqual(s["token_layers_ok"], s["calls_ok"] * batch)
         self.assertGreater(s["calls_per_s"], 0)
         self.assertAlmostEqual(s["token_layers_per_s"], s["calls_per_s"] * batch, delta=1e-3 * batch + 1)
+        self.assertAlmostEqual(s["tokens_per_s"], s["token_layers_per_s"] / s["model"]["num_layers"],
+                               delta=1e-3)
         lat = s["latency_us"]
-        self.assertEqual(lat["count"], s["calls_ok"])
+        self.assertEqual(lat["count"], s["calls_ok"] + s["not_sent_charged"])
         self.assertTrue(0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p999"] <= lat["max"])
         self.assertLess(lat["max"], 2_000_000 + 100_000)  # bounded by the deadline
         self.assertEqual(s["server_queue_us"]["count"], s["token_layers_ok"])
         self.assertEqual(s["errors_total"], 0)
         self.assertEqual(s["errors"], {})
+        self.assertIn("request", s["errors_unit"])
         self.assertFalse(s["aborted"])
         self.assertEqual(s["model"]["num_q_heads"], 8)
 
@@ -89,6 +96,95 @@ class LoadgenTest(unittest.TestCase):
             path = os.path.join(prefix, png)
             if subprocess.run(["which", "gnuplot"], capture_output=True).returncode == 0:
                 self.assertGreater(os.path.getsize(path), 1000, path)
+
+    def test_open_loop_overload_charges_the_unsent(self):
+        # One caller cannot keep up with 50k arrivals/s: most are never sent. They must
+        # show in the latency (their wait until the end), not vanish from it.
+        server = self.echo()
+        proc, s = self.run_loadgen(server.address, "--mode=unary", "--rate=50000",
+                                   "--concurrency=1", "--duration_s=1", "--warmup_s=0")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)  # overload != error
+        self.assertGreater(s["not_sent"], 1000, s)
+        self.assertGreater(s["not_sent_charged"], 1000, s)
+        self.assertLessEqual(s["not_sent_charged"], s["not_sent"])
+        lat = s["latency_us"]
+        self.assertEqual(lat["count"], s["calls_ok"] + s["not_sent_charged"])
+        # Most samples are arrivals still waiting: the median is a large part of the run,
+        # and nothing waited longer than the run lasted.
+        self.assertGreater(lat["p50"], 100_000, lat)
+        self.assertLess(lat["max"], 1_200_000 + 300_000, lat)
+        self.assertIn("OVERLOAD: not sent before the end", proc.stdout)
+        self.assertIn("charged their wait so far", proc.stdout)
+        self.assertIn("OVERLOAD", proc.stderr)
+
+    def test_unwritable_outputs_fail_the_run(self):
+        server = self.echo()
+        missing = os.path.join(tempfile.mkdtemp(prefix="lgout_"), "no_such_dir")
+        flags = ["--mode=unary", "--duration_s=0.3", "--warmup_s=0"]
+        no_gnuplot = dict(os.environ, PATH=tempfile.mkdtemp(prefix="lgpath_"))
+        for what, extra, env in [("json", [f"--json_out={missing}/run.json"], None),
+                                 ("plots dir", [f"--plot_prefix={missing}/run"], None),
+                                 ("no gnuplot", [f"--plot_prefix={os.path.dirname(missing)}/run"],
+                                  no_gnuplot)]:
+            with self.subTest(what=what):
+                proc = subprocess.run(
+                    [ARGS.loadgen, f"--target={server.address}", "--prefill_len=32",
+                     "--topk=16"] + flags + extra,
+                    capture_output=True, text=True, timeout=60, env=env)
+                self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+                self.assertIn("was not written", proc.stderr)
+                self.assertIn("client latency", proc.stdout)  # the table still printed
+
+    def test_e2e_script_reads_only_this_runs_outputs(self):
+        if not ARGS.decode_server or not os.path.exists(ARGS.decode_server):
+            self.skipTest("decode_server not built")
+        work = tempfile.mkdtemp(prefix="e2e_script_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        out_dir = os.path.join(work, "out")
+        os.makedirs(out_dir)
+        case = "echo_small_stream1"
+        stale = {"label": "stale", "calls_ok": 1, "errors_total": 0, "token_layers_per_s": 1e9,
+                 "latency_us": {"p99": 1}, "server_queue_us": {"p99": 1},
+                 "server_compute_us": {"p99": 1}}
+        env = dict(os.environ, OUT_DIR=out_dir, SHAPES="small", STREAMS="1", BATCHES="",
+                   LAYERS="2", PREFILL="64", DURATION_S="0.3", WARMUP_S="0.1",
+                   CPU_THREADS="1")
+        for name, real_loadgen in [("loadgen writing its outputs", True),
+                                   ("loadgen writing nothing", False)]:
+            with self.subTest(name):
+                for c in (case, "server_small_stream1"):
+                    with open(os.path.join(out_dir, f"{c}.json"), "w") as f:
+                        json.dump(dict(stale, label=c), f)
+                bin_dir = os.path.join(work, "bin_" + str(real_loadgen))
+                os.makedirs(bin_dir, exist_ok=True)
+                os.symlink(os.path.abspath(ARGS.echo_server), os.path.join(bin_dir, "echo_server"))
+                os.symlink(os.path.abspath(ARGS.decode_server),
+                           os.path.join(bin_dir, "decode_server"))
+                loadgen = os.path.join(bin_dir, "decode_loadgen")
+                real = os.path.abspath(ARGS.loadgen)
+                if real_loadgen:
+                    os.symlink(real, loadgen)
+                else:  # runs, exits 0, writes neither JSON nor plots
+                    with open(loadgen, "w") as f:
+                        f.write("#!/usr/bin/env python3\nimport os, sys\n"
+                                "args = [a for a in sys.argv[1:] if not a.startswith("
+                                "('--json_out=', '--plot_prefix='))]\n"
+                                f"os.execv({real!r}, [{real!r}] + args)\n")
+                    os.chmod(loadgen, 0o755)
+                proc = subprocess.run(
+                    ["bash", os.path.join(REPO, "bench/e2e/run_e2e_bench.sh"), bin_dir],
+                    capture_output=True, text=True, timeout=240, env=env)
+                if real_loadgen:
+                    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+                    with open(os.path.join(out_dir, f"{case}.json")) as f:
+                        s = json.load(f)
+                    self.assertEqual(s["label"], case)
+                    self.assertGreater(s["calls_ok"], 0)
+                    self.assertNotIn("1000000000", proc.stdout)  # the stale throughput
+                else:
+                    self.assertNotEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
+                    self.assertIn(f"{case} did not write", proc.stderr)
+                    self.assertFalse(os.path.exists(os.path.join(out_dir, "summary.md")))
 
     def test_requests_bound(self):
         server = self.echo()

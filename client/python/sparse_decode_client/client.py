@@ -160,10 +160,17 @@ class DecodeClient:
         """requests: DecodeRequest protos or dicts of decode()'s arguments.
 
         Returns a list in the same order of DecodeResult, or DecodeError for a request
-        that failed alone (raised instead when raise_on_error).
+        that failed alone (raised instead when raise_on_error). Raises DecodeError
+        (INTERNAL) when the server answers a different number of responses.
         """
         reqs = [r if isinstance(r, pb.DecodeRequest) else self.make_request(**r) for r in requests]
         resp = self._call(self._stub.DecodeBatch, pb.DecodeBatchRequest(requests=reqs), timeout)
+        # Results are matched to requests by position: a short or long answer would pair
+        # outputs with the wrong requests, or drop some silently.
+        if len(resp.responses) != len(reqs):
+            raise DecodeError(grpc.StatusCode.INTERNAL,
+                              f"DecodeBatch answered {len(resp.responses)} responses to "
+                              f"{len(reqs)} requests")
         results = [_parse_response(r) for r in resp.responses]
         if raise_on_error:
             for r in results:

@@ -40,8 +40,21 @@ def bf16_tensor(bits, shape):
     return t
 
 
-def int32_tensor(values):
-    a = np.ascontiguousarray(np.asarray(values), dtype="<i4")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def int32_tensor(values, name="indices"):
+    """Integers -> INT32 Tensor. Values outside int32 are rejected, not wrapped: a cast
+    would turn 2**32 - 1 into -1, which the server reads as "skip"."""
+    a = np.asarray(values)
+    if a.size == 0:
+        a = a.astype(np.int32)  # np.asarray([]) is float64
+    if not np.issubdtype(a.dtype, np.integer):  # floats would be truncated, bools are no indices
+        raise TypeError(f"{name}: expected integers, got {a.dtype}")
+    if a.size and (int(a.min()) < INT32_MIN or int(a.max()) > INT32_MAX):
+        bad = next(int(x) for x in a.flat if not INT32_MIN <= int(x) <= INT32_MAX)
+        raise ValueError(f"{name}: {bad} is outside int32 [{INT32_MIN}, {INT32_MAX}]")
+    a = np.ascontiguousarray(a, dtype="<i4")
     return pb.Tensor(dtype=pb.INT32, shape=list(a.shape), data=a.tobytes())
 
 

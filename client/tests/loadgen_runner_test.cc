@@ -1,0 +1,194 @@
+// decode_loadgen's Runner against in-process fake servers: what it counts as an error,
+// and that stopping cannot hang on a stream the server does not read.
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "bench/e2e/echo_service.h"
+#include "client/decode_client.h"
+#include "client/loadgen/runner.h"
+#include "client/loadgen/workload.h"
+
+namespace sds::loadgen {
+namespace {
+
+namespace v1 = ::sparse_decode::v1;
+using Clock = std::chrono::steady_clock;
+
+v1::ModelInfo Info(const client::Shape& shape) {
+  v1::ModelInfo info;
+  info.set_num_layers(2);
+  info.set_num_q_heads(shape.num_q_heads);
+  info.set_num_kv_heads(shape.num_kv_heads);
+  info.set_head_dim(shape.head_dim);
+  return info;
+}
+
+// Accepts DecodeStream calls and never reads them: once the stream's flow-control window
+// is full, the client's Write blocks, and nothing but a cancel ends it. (Started with
+// small windows: gRPC's defaults let several MB through first.)
+class NeverReadService final : public v1::DecodeService::CallbackService {
+  class Stuck final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+   public:
+    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+    void OnDone() override { delete this; }
+  };
+
+ public:
+  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
+      grpc::CallbackServerContext*) override {
+    return new Stuck();
+  }
+};
+
+// Decode fails (UNAVAILABLE) during the first `fail_for` after the first call, then
+// answers like the echo server; DecodeBatch always fails as a whole.
+class FlakyService final : public v1::DecodeService::CallbackService {
+ public:
+  FlakyService(const v1::ModelInfo& info, Clock::duration fail_for)
+      : echo_(info), fail_for_(fail_for) {}
+
+  grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* ctx, const v1::DecodeRequest* req,
+                                   v1::DecodeResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    const auto now = Clock::now();
+    int64_t first = 0;
+    first_call_ns_.compare_exchange_strong(first, now.time_since_epoch().count());
+    const auto since_first = now - Clock::time_point(Clock::duration(first_call_ns_.load()));
+    if (since_first < fail_for_) {
+      ++failed_;
+      r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "warming up"));
+    } else {
+      echo_.Answer(*req, 1, 1, resp);
+      r->Finish(grpc::Status::OK);
+    }
+    return r;
+  }
+  grpc::ServerUnaryReactor* DecodeBatch(grpc::CallbackServerContext* ctx,
+                                        const v1::DecodeBatchRequest*,
+                                        v1::DecodeBatchResponse*) override {
+    ++batch_calls_;
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "batch refused"));
+    return r;
+  }
+
+  std::atomic<int64_t> failed_{0}, batch_calls_{0};
+
+ private:
+  bench::EchoService echo_;
+  Clock::duration fail_for_;
+  std::atomic<int64_t> first_call_ns_{0};
+};
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  void Start(grpc::Service* service, const client::Shape& shape, bool small_windows = false) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(-1);
+    if (small_windows) {
+      // The HTTP/2 default (64 KiB) instead of the several MB of gRPC's BDP probing: a
+      // server short of memory does the same (gRPC's resource quota).
+      builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16384);
+    }
+    builder.RegisterService(service);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    config_.target = "127.0.0.1:" + std::to_string(port);
+    config_.prefill_len = 64;
+    config_.topk = 64;
+    config_.stall_s = 60;  // these tests look at what is counted, not at the abort
+    clients_.push_back(client::DecodeClient::Connect(config_.target));
+    clients_[0]->SetShape(shape);
+    workload_ = std::make_unique<Workload>(config_, shape, 2);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  // Runs the Runner; a run that has not returned after `limit` fails the test, and the
+  // server's shutdown (which cancels its calls) then frees it.
+  RunResult RunWithin(std::chrono::seconds limit, Clock::duration* took) {
+    Runner runner(config_, clients_, *workload_);
+    const auto start = Clock::now();
+    auto result = std::async(std::launch::async, [&runner] { return runner.Run(); });
+    if (result.wait_for(limit) != std::future_status::ready) {
+      ADD_FAILURE() << "Runner::Run did not return within " << limit.count() << " s";
+      server_->Shutdown(std::chrono::system_clock::now());
+    }
+    RunResult r = result.get();
+    *took = Clock::now() - start;
+    return r;
+  }
+
+  Config config_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::unique_ptr<client::DecodeClient>> clients_;
+  std::unique_ptr<Workload> workload_;
+};
+
+TEST_F(RunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
+  // [32, 1024] bf16 q and gate: ~150 KB requests, more than the 64 KiB a stream may send
+  // before its server reads.
+  const client::Shape shape{32, 4, 1024};
+  NeverReadService service;
+  config_.mode = Mode::kStream;
+  config_.mode_name = "stream";
+  config_.concurrency = 2;
+  config_.warmup_s = 0;
+  config_.duration_s = 0.5;
+  config_.timeout_ms = 300;
+  Start(&service, shape, /*small_windows=*/true);
+  Clock::duration took;
+  RunResult r = RunWithin(std::chrono::seconds(20), &took);
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_TRUE(r.stats.calls.empty());
+  ASSERT_GT(r.stats.errors["DEADLINE_EXCEEDED"], 0) << "errors: " << r.stats.errors.size();
+  EXPECT_NE(r.stats.error_examples["DEADLINE_EXCEEDED"].find("stream cancelled"), std::string::npos)
+      << r.stats.error_examples["DEADLINE_EXCEEDED"];
+}
+
+TEST_F(RunnerTest, WarmUpErrorsAreNotCounted) {
+  const client::Shape shape{8, 2, 16};
+  FlakyService service(Info(shape), std::chrono::milliseconds(200));
+  config_.mode = Mode::kUnary;
+  config_.mode_name = "unary";
+  config_.concurrency = 2;
+  config_.warmup_s = 0.6;
+  config_.duration_s = 0.3;
+  Start(&service, shape);
+  Clock::duration took;
+  RunResult r = RunWithin(std::chrono::seconds(20), &took);
+  ASSERT_GT(service.failed_.load(), 0);
+  EXPECT_EQ(r.stats.warmup_errors, service.failed_.load());
+  EXPECT_TRUE(r.stats.errors.empty()) << r.stats.errors.begin()->first;
+  EXPECT_GT(r.stats.calls.size(), 0u);
+}
+
+TEST_F(RunnerTest, FailedBatchRpcCountsEachOfItsRequests) {
+  const client::Shape shape{8, 2, 16};
+  FlakyService service(Info(shape), std::chrono::milliseconds(0));
+  config_.mode = Mode::kBatch;
+  config_.mode_name = "batch";
+  config_.concurrency = 1;
+  config_.batch_size = 4;
+  config_.warmup_s = 0;
+  config_.duration_s = 0;
+  config_.requests = 5;
+  Start(&service, shape);
+  Clock::duration took;
+  RunResult r = RunWithin(std::chrono::seconds(20), &took);
+  EXPECT_EQ(service.batch_calls_.load(), 5);
+  EXPECT_EQ(r.stats.errors["UNAVAILABLE"], 5 * 4);
+  EXPECT_TRUE(r.stats.calls.empty());
+}
+
+}  // namespace
+}  // namespace sds::loadgen
