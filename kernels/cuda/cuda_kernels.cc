@@ -81,14 +81,16 @@ DecodeKernel EnvDecodeKernel() {
   return kernel;
 }
 
-// SDS_DECODE_CLUSTER_MERGE=0 (diagnostics): v1 merges split requests through the global
-// workspace only.
-bool EnvClusterMerge() {
-  static const bool enabled = [] {
+// SDS_DECODE_CLUSTER_MERGE (diagnostics): 0: v1 merges split requests through the global
+// workspace only; 2: in clusters at any grid size (default, 1: only grids of at most
+// one CTA per SM). Returns the value for DecodeParams::cluster_merge.
+int32_t EnvClusterMerge() {
+  static const int32_t mode = [] {
     const char* v = std::getenv("SDS_DECODE_CLUSTER_MERGE");
-    return v == nullptr || std::string(v) != "0";
+    const std::string s(v == nullptr ? "" : v);
+    return s == "0" ? 0 : s == "2" ? 2 : 1;
   }();
-  return enabled;
+  return mode;
 }
 
 // SDS_DECODE_PDL=0 (diagnostics): no programmatic dependent launch after the append.
@@ -267,7 +269,7 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   p.counters = workspace.counters;
   p.max_chunks = chunks;
   p.score_scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(geo.head_dim));
-  p.cluster_merge = kernel != DecodeKernel::kV1GlobalMerge && EnvClusterMerge() ? 1 : 0;
+  p.cluster_merge = kernel != DecodeKernel::kV1GlobalMerge ? EnvClusterMerge() : 0;
   if (host_batch != nullptr && host_batch->num_requests != batch.num_requests)
     return absl::InternalError(absl::StrCat("decode host copies describe ",
                                             host_batch->num_requests, " requests, the batch ",

@@ -64,8 +64,9 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   // 8 requests from 25.3 to 25.8 (clusters constrain where CTAs run): bench/RESULTS.md.
   // Same bits either way.
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  params.cluster_merge = params.cluster_merge && T::kClusterMergeFits && params.max_chunks >= 2 &&
-                         params.max_chunks <= T::kMaxClusterChunks && ctas <= config.sms;
+  params.cluster_merge = params.cluster_merge != 0 && T::kClusterMergeFits &&
+                         params.max_chunks >= 2 && params.max_chunks <= T::kMaxClusterChunks &&
+                         (ctas <= config.sms || params.cluster_merge == 2);
   cudaLaunchConfig_t launch = {};
   launch.gridDim = grid;
   launch.blockDim = dim3(T::kThreads);

@@ -92,7 +92,7 @@ struct DecodeParams {
   float* lse;                          // [B, Hq] or nullptr
 
   // Split-K workspace (used when a request has more than one chunk and the launch does
-  // not merge over distributed shared memory, see cluster_merge).
+  // not merge in clusters, see cluster_merge).
   // partial_o: [B, Hkv, max_chunks, G, D] f32 unnormalised outputs.
   float* partial_o;
   // partial_stats: [B, Hkv, max_chunks, G, kDecodeStatFloats] f32.
@@ -102,8 +102,9 @@ struct DecodeParams {
   int32_t max_chunks;
   float score_scale_log2;  // log2(e) / sqrt(D)
   // v1: set by the launch when it uses clusters of max_chunks CTAs along y (callers set
-  // it to allow that): requests with several chunks merge them over distributed shared
-  // memory instead of partial_o / counters.
+  // it to allow that: 1 for grids of at most one CTA per SM, 2 at any grid size): the
+  // chunks of a request push their partials into chunk 0's shared memory instead of
+  // partial_o / counters.
   int32_t cluster_merge;
 
   // v2 only. heads_per_cta: KV heads (one warp each) per CTA, a power of two dividing
