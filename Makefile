@@ -22,7 +22,11 @@ test: build
 demo: build
 	bash scripts/demo.sh $(BUILD)
 
+# clang-tidy needs the generated gRPC headers (decode.pb.h, decode.grpc.pb.h): build
+# the proto library, not the whole tree. It lints the files in the build's
+# compile_commands.json (a CPU-only build skips the CUDA-side sources, and says so).
 lint: configure
+	cmake --build $(BUILD) -j $(JOBS) --target sds_proto
 	bash scripts/lint.sh $(BUILD)
 
 format:

@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
 # Static checks of deploy/ (Docker and a cluster are not needed):
 #  - every Kubernetes YAML parses, and the kustomizations render (when kubectl exists);
-#  - promtool accepts the Prometheus config and alert rules;
-#  - every Grafana panel query is valid PromQL (fed to promtool as recording rules)
-#    and the dashboard covers every metric of the contract;
-#  - the Dockerfile's build packages are those of scripts/install_deps.sh.
+#  - the CPU Deployment sizes its thread pool (--cpu_threads) to its CPU request;
+#  - every Grafana panel query is valid PromQL (fed to promtool as recording rules),
+#    the dashboard covers every metric of the contract, and its error ratio counts
+#    the codes the SdsErrorsHigh alert counts;
+#  - the Dockerfile's build packages are those of scripts/install_deps.sh;
+#  - promtool accepts the Prometheus config and alert rules, and the alerts' unit
+#    tests (prometheus/alerts_test.yml) pass.
+# Run by ctest as `deploy_check`. Without promtool (or with PROMTOOL set empty) the
+# checks that need no promtool still run, then it exits 77, which ctest reports as
+# skipped (SKIP_RETURN_CODE).
 set -euo pipefail
 cd "$(dirname "$0")"
+
+if [[ -v PROMTOOL ]]; then
+  promtool=$PROMTOOL
+else
+  promtool=$(command -v promtool || true)
+fi
 
 python3 - <<'PY'
 import glob, yaml
@@ -23,13 +35,42 @@ if command -v kubectl >/dev/null; then
   done
 fi
 
-promtool check config prometheus/prometheus.yml
-promtool check rules prometheus/alerts.yml
+# The CPU backend's pool defaults to hardware_concurrency(), the node's CPUs, not the
+# pod's: a CPU Deployment must pass --cpu_threads equal to its CPU request.
+python3 - <<'PY'
+import glob, re, sys, yaml
+
+def cpus(quantity):
+    q = str(quantity)
+    return int(q[:-1]) / 1000 if q.endswith("m") else float(q)
+
+checked = 0
+for path in sorted(glob.glob("k8s/**/*.yaml", recursive=True)):
+    for doc in yaml.safe_load_all(open(path)):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            args = c.get("args") or []
+            if "--backend=cpu" not in args:
+                continue
+            threads = [a.split("=", 1)[1] for a in args if a.startswith("--cpu_threads=")]
+            request = ((c.get("resources") or {}).get("requests") or {}).get("cpu")
+            where = f"{path}: container {c['name']}"
+            if not threads:
+                sys.exit(f"{where}: --backend=cpu without --cpu_threads (0 = all of the node's cores)")
+            if request is None:
+                sys.exit(f"{where}: --cpu_threads={threads[-1]} but no CPU request to match")
+            if int(threads[-1]) != cpus(request):
+                sys.exit(f"{where}: --cpu_threads={threads[-1]} differs from the CPU request {request}")
+            print(f"cpu threads ok: {where}: --cpu_threads={threads[-1]}, request {request}")
+            checked += 1
+assert checked, "no CPU Deployment found (expected k8s/base/deployment.yaml)"
+PY
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 - "$tmp/dashboard_rules.yml" <<'PY'
-import json, sys, yaml
+import json, re, sys, yaml
 dash = json.load(open("grafana/sparse-decode-server.json"))
 exprs = []
 for panel in dash["panels"]:
@@ -41,18 +82,27 @@ yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, open(sys.arg
 text = " ".join(e for _, e in exprs)
 required = ["sds_batch_size", "sds_batch_queue_seconds", "sds_batch_compute_seconds",
             "sds_batch_total_seconds", "sds_requests_total", "sds_request_latency_seconds",
-            'sds_cache_pages', "sds_queue_depth"]
-missing = [m for m in required if m not in text]
+            "sds_cache_pages", "sds_cache_pages_capacity", "sds_queue_depth"]
+missing = [m for m in required if not re.search(rf"\b{m}(_bucket|_sum|_count)?\b", text)]
 assert not missing, f"dashboard lacks panels for {missing}"
-assert 'state="used"' in text and "used|free" in text, "cache panels must show used and free"
-print(f"dashboard ok: {len(exprs)} queries cover {len(required)} metrics")
+assert 'state="used"' in text, "cache panels must show used pages"
+assert 'state="total"' not in text, 'sds_cache_pages has no state="total": use sds_cache_pages_capacity'
+
+# The overview's error ratio and the SdsErrorsHigh alert count the same codes as errors.
+alerts = yaml.safe_load(open("prometheus/alerts.yml"))
+rule = next(r for g in alerts["groups"] for r in g["rules"] if r.get("alert") == "SdsErrorsHigh")
+want = re.findall(r'code!~"([^"]*)"', rule["expr"])
+assert len(want) == 1, f"SdsErrorsHigh: expected one code!~ matcher, found {want}"
+ratio = [e for title, e in exprs if title == "Error ratio"]
+assert len(ratio) == 1, "dashboard: expected one 'Error ratio' query"
+have = re.findall(r'code!~?"([^"]*)"', ratio[0])
+assert have == want, f"dashboard 'Error ratio' excludes {have}, SdsErrorsHigh excludes {want}"
+print(f"dashboard ok: {len(exprs)} queries cover {len(required)} metrics; error ratio excludes {want[0]}")
 PY
-promtool check rules "$tmp/dashboard_rules.yml" >/dev/null
-echo "dashboard PromQL ok"
 
 # Build packages: the Dockerfile's apt list must equal install_deps.sh's minus the
 # developer-only tools.
-dev_only="prometheus gnuplot-nox curl clang-format clang-tidy python3-pip"
+dev_only="prometheus gnuplot-nox curl clang-format clang-tidy python3-pip python3-yaml"
 want=$(sed -n '/^DEB_PACKAGES=(/,/^)/p' ../scripts/install_deps.sh | sed '1d;$d' | tr -s ' \n' '\n' \
   | grep -v '^$' | grep -vxF -f <(tr ' ' '\n' <<<"$dev_only") | sort)
 have=$(sed -n '/apt-get install/,/rm -rf/p' Dockerfile | grep -v 'apt-get\|rm -rf' | tr -d '\\' \
@@ -63,3 +113,15 @@ if [[ "$want" != "$have" ]]; then
   exit 1
 fi
 echo "Dockerfile packages match scripts/install_deps.sh"
+
+if [[ -z "$promtool" ]]; then
+  echo "SKIP: promtool not found (PROMTOOL empty or not on PATH): Prometheus config, alert rules," \
+    "alert unit tests and dashboard PromQL not checked"
+  exit 77
+fi
+"$promtool" check config prometheus/prometheus.yml
+"$promtool" check rules prometheus/alerts.yml
+"$promtool" test rules prometheus/alerts_test.yml
+"$promtool" check rules "$tmp/dashboard_rules.yml" >/dev/null
+echo "dashboard PromQL ok"
+echo "deploy/check.sh: all checks passed"

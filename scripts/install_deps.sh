@@ -9,7 +9,7 @@ DEB_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libcivetweb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus gnuplot-nox curl clang-format clang-tidy python3-pip
+  prometheus gnuplot-nox curl clang-format clang-tidy python3-pip python3-yaml
 )
 
 missing=()

@@ -11,9 +11,20 @@
 namespace sds::server {
 namespace {
 
-std::vector<double> LatencyBuckets() {
-  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-          0.05,    0.1,    0.25,    0.5,    1,     2.5,    5,     10};
+// Batch phases (queue wait, compute, executor time): 5 us .. 1 s. A GPU batch's queue
+// wait and compute are 15-35 us, so the low end must resolve single microseconds
+// (histogram_quantile interpolates inside a bucket and cannot see below its width).
+std::vector<double> BatchSecondsBuckets() {
+  return {5e-6, 10e-6, 20e-6, 30e-6, 50e-6, 75e-6, 100e-6, 150e-6, 200e-6, 300e-6, 500e-6,
+          1e-3, 2e-3,  5e-3,  10e-3, 20e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1};
+}
+
+// Server-side RPC latency: the batch range plus a tail to 10 s (a DecodeBatch of
+// hundreds of items, AppendKV of a long prefill, a backlog).
+std::vector<double> RequestSecondsBuckets() {
+  std::vector<double> bounds = BatchSecondsBuckets();
+  bounds.insert(bounds.end(), {2, 5, 10});
+  return bounds;
 }
 
 std::vector<double> BatchSizeBuckets() { return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}; }
@@ -89,9 +100,9 @@ void Histogram::Render(absl::string_view name, absl::string_view labels, std::st
 Metrics::Metrics(BuildInfo info)
     : info_(std::move(info)),
       batch_size_(BatchSizeBuckets()),
-      batch_queue_(LatencyBuckets()),
-      batch_compute_(LatencyBuckets()),
-      batch_total_(LatencyBuckets()) {}
+      batch_queue_(BatchSecondsBuckets()),
+      batch_compute_(BatchSecondsBuckets()),
+      batch_total_(BatchSecondsBuckets()) {}
 
 void Metrics::ObserveBatch(int32_t batch_size, double queue_s, double compute_s, double total_s) {
   batch_size_.Observe(batch_size);
@@ -118,7 +129,8 @@ void Metrics::ObserveLatency(absl::string_view rpc, double seconds) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = latency_.find(rpc);
     if (it == latency_.end()) {
-      it = latency_.emplace(std::string(rpc), std::make_unique<Histogram>(LatencyBuckets())).first;
+      it = latency_.emplace(std::string(rpc), std::make_unique<Histogram>(RequestSecondsBuckets()))
+               .first;
     }
     histogram = it->second.get();  // never removed, so the pointer stays valid
   }
@@ -173,17 +185,22 @@ std::string Metrics::Render() const {
          "Backend compute time per batch (device time on cuda, wall time on cpu).");
   batch_compute_.Render("sds_batch_compute_seconds", "", &out);
   Header(&out, "sds_batch_total_seconds", "histogram",
-         "Executor time per batch: cache preparation, compute and responses.");
+         "Executor time per batch: cache preparation, compute and responses (queue wait "
+         "excluded: see sds_batch_queue_seconds).");
   batch_total_.Render("sds_batch_total_seconds", "", &out);
 
   Header(&out, "sds_request_latency_seconds", "histogram",
-         "Server-side latency per RPC (per message on DecodeStream).");
+         "Server-side latency per RPC call, queue wait included (per message on DecodeStream; "
+         "one observation per DecodeBatch call, whatever its number of items).");
   for (const auto& [rpc, histogram] : latency) {
     histogram->Render("sds_request_latency_seconds", absl::StrCat("rpc=\"", Escape(rpc), "\""),
                       &out);
   }
 
-  Header(&out, "sds_requests_total", "counter", "Requests by RPC and final status code.");
+  Header(&out, "sds_requests_total", "counter",
+         "Requests by RPC and final status code. DecodeBatch and DecodeStream count each "
+         "decode item by its own error_code (so rpc=\"DecodeBatch\" counts items, while "
+         "sds_request_latency_seconds_count counts DecodeBatch calls).");
   for (const auto& [key, value] : requests) {
     absl::StrAppend(&out, "sds_requests_total{rpc=\"", Escape(key.first), "\",code=\"",
                     Escape(key.second), "\"} ", value, "\n");
@@ -191,13 +208,16 @@ std::string Metrics::Render() const {
   Header(&out, "sds_batches_total", "counter", "Decode batches launched.");
   absl::StrAppend(&out, "sds_batches_total ", batches, "\n");
   Header(&out, "sds_tokens_appended_total", "counter",
-         "Tokens written into the cache (decode and prefill).");
+         "K/V rows written into the cache: one per token per layer (a decode item adds 1, "
+         "an AppendKV of n tokens adds n).");
   absl::StrAppend(&out, "sds_tokens_appended_total ", tokens, "\n");
 
   Header(&out, "sds_queue_depth", "gauge", "Work items waiting in the batcher queue.");
   absl::StrAppend(&out, "sds_queue_depth ", gauges.queue_depth, "\n");
-  Header(&out, "sds_cache_pages", "gauge", "KV cache pages by state.");
-  absl::StrAppend(&out, "sds_cache_pages{state=\"total\"} ", gauges.pages_total, "\n");
+  // Capacity has its own gauge: sum(sds_cache_pages) is the pool, counted once.
+  Header(&out, "sds_cache_pages_capacity", "gauge", "KV cache pages in the pool (used + free).");
+  absl::StrAppend(&out, "sds_cache_pages_capacity ", gauges.pages_total, "\n");
+  Header(&out, "sds_cache_pages", "gauge", "KV cache pages by state (used, free).");
   absl::StrAppend(&out, "sds_cache_pages{state=\"used\"} ", gauges.pages_used, "\n");
   absl::StrAppend(&out, "sds_cache_pages{state=\"free\"} ", gauges.pages_free, "\n");
   Header(&out, "sds_sequences", "gauge", "Live sequences in the cache (all tenants).");

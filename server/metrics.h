@@ -6,6 +6,11 @@
 // Counting rules: sds_requests_total counts every RPC once by its final status, except
 // DecodeBatch and DecodeStream, which count each decode request inside them by its
 // own error_code (so decode traffic is comparable across the three RPCs).
+// sds_request_latency_seconds observes once per call (per message on DecodeStream), so
+// for DecodeBatch its _count is calls while sds_requests_total counts items.
+// sds_tokens_appended_total counts K/V rows: one per token per layer.
+// Cache capacity is its own gauge (sds_cache_pages_capacity) beside
+// sds_cache_pages{state="used"|"free"}, so summing sds_cache_pages counts the pool once.
 #pragma once
 
 #include <array>
@@ -52,7 +57,7 @@ struct BuildInfo {
 // Values read at scrape time.
 struct GaugeValues {
   int64_t queue_depth = 0;
-  int64_t pages_total = 0;
+  int64_t pages_total = 0;  // sds_cache_pages_capacity
   int64_t pages_used = 0;
   int64_t pages_free = 0;
   int64_t sequences = 0;

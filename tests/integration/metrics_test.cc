@@ -1,8 +1,10 @@
 // /metrics after known traffic: the text is valid (promtool check metrics), the
 // counters say what happened, and a real Prometheus scraping the server sees it.
+#include <algorithm>
 #include <fstream>
 #include <regex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -65,7 +67,17 @@ TEST_F(MetricsTest, ExpositionReflectsTraffic) {
   has("sds_requests_total{rpc=\"CreateSequence\",code=\"OK\"} 1");
   // The start-up self-test wrote 19 tokens in each of 2 layers (page_size + 3).
   has(absl::StrCat("sds_tokens_appended_total ", 2 * 19 + 30 + kDecodes + 3));
-  has("sds_cache_pages{state=\"total\"} 512");
+  // Capacity is its own gauge; sds_cache_pages holds used and free only, so that
+  // sum(sds_cache_pages) is the pool size.
+  has("sds_cache_pages_capacity 512");
+  EXPECT_EQ(text.find("state=\"total\""), std::string::npos) << text;
+  std::smatch used, free;
+  ASSERT_TRUE(
+      std::regex_search(text, used, std::regex(R"(\nsds_cache_pages\{state="used"\} (\d+)\n)")));
+  ASSERT_TRUE(
+      std::regex_search(text, free, std::regex(R"(\nsds_cache_pages\{state="free"\} (\d+)\n)")));
+  EXPECT_EQ(std::stoi(used[1]) + std::stoi(free[1]), 512);
+  EXPECT_GT(std::stoi(used[1]), 0);
   has("sds_sequences 1");
   has("sds_queue_depth 0");
   has("sds_active_streams 0");
@@ -82,6 +94,63 @@ TEST_F(MetricsTest, ExpositionReflectsTraffic) {
   std::smatch match;
   ASSERT_TRUE(std::regex_search(text, match, std::regex(R"(\nsds_batches_total (\d+)\n)")));
   EXPECT_GE(std::stoi(match[1]), 2 + kDecodes + 1);
+}
+
+// The finite `le` bounds of one histogram series, in exposition order.
+std::vector<double> Bounds(const std::string& text, const std::string& series_prefix) {
+  std::vector<double> bounds;
+  const std::regex line("\n" + series_prefix + R"re(le="([^"]+)"\} \d+)re");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator();
+       ++it) {
+    if ((*it)[1] != "+Inf") bounds.push_back(std::stod((*it)[1]));
+  }
+  return bounds;
+}
+
+// GPU batches queue and compute for 15-35 us: the batch histograms must resolve
+// microseconds (5 us .. 1 s), and request latency must reach 10 s.
+TEST_F(MetricsTest, LatencyBucketsResolveMicroseconds) {
+  const std::string text = Scrape();
+  const std::vector<double> batch = {5e-6,   10e-6,  20e-6,  30e-6,  50e-6,  75e-6,  100e-6,
+                                     150e-6, 200e-6, 300e-6, 500e-6, 1e-3,   2e-3,   5e-3,
+                                     10e-3,  20e-3,  50e-3,  100e-3, 200e-3, 500e-3, 1};
+  for (const char* family :
+       {"sds_batch_queue_seconds", "sds_batch_compute_seconds", "sds_batch_total_seconds"}) {
+    EXPECT_EQ(Bounds(text, absl::StrCat(family, "_bucket\\{")), batch) << family;
+  }
+  const std::vector<double> request =
+      Bounds(text, R"(sds_request_latency_seconds_bucket\{rpc="Decode",)");
+  ASSERT_FALSE(request.empty()) << text;
+  EXPECT_LE(request.front(), 10e-6);
+  EXPECT_EQ(request.back(), 10);
+  EXPECT_TRUE(std::is_sorted(request.begin(), request.end()));
+  // The buckets add up: the +Inf bucket of each batch family is its _count.
+  std::smatch inf, count;
+  ASSERT_TRUE(std::regex_search(
+      text, inf, std::regex(R"(\nsds_batch_queue_seconds_bucket\{le="\+Inf"\} (\d+)\n)")));
+  ASSERT_TRUE(
+      std::regex_search(text, count, std::regex(R"(\nsds_batch_queue_seconds_count (\d+)\n)")));
+  EXPECT_EQ(inf[1], count[1]);
+}
+
+// HELP says what each counter counts where the name alone would mislead.
+TEST_F(MetricsTest, HelpTextSaysWhatIsCounted) {
+  const std::string text = Scrape();
+  auto help = [&](const std::string& name) {
+    const std::string start = "# HELP " + name + " ";
+    const size_t at = text.find(start);
+    EXPECT_NE(at, std::string::npos) << name;
+    if (at == std::string::npos) return std::string();
+    return text.substr(at + start.size(), text.find('\n', at) - at - start.size());
+  };
+  EXPECT_NE(help("sds_tokens_appended_total").find("per token per layer"), std::string::npos);
+  EXPECT_NE(help("sds_requests_total").find("counts items"), std::string::npos);
+  EXPECT_NE(help("sds_request_latency_seconds").find("per DecodeBatch call"), std::string::npos);
+  EXPECT_NE(help("sds_batch_total_seconds").find("queue wait excluded"), std::string::npos);
+  // One DecodeBatch call of 3 items: 3 counted requests, 1 latency observation.
+  EXPECT_NE(text.find("\nsds_request_latency_seconds_count{rpc=\"DecodeBatch\"} 1\n"),
+            std::string::npos)
+      << text;
 }
 
 TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
