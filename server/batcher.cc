@@ -36,11 +36,22 @@ void AnswerAll(std::vector<DecodeWork>& works, const absl::Status& status) {
   }
 }
 
+// Calls one unit's completion; a completion that throws is a bug: it is logged, and
+// the unit is not answered again (it may have been answered before the throw).
+template <typename Done>
+void Answer(const char* what, Done&& done) {
+  try {
+    done();
+  } catch (const std::exception& e) {
+    spdlog::critical("batcher: exception from the completion of a {}: {}", what, e.what());
+  }
+}
+
 void FailEntry(std::variant<DecodeWork, AppendWork, ControlWork>& entry,
                const absl::Status& status) {
-  if (auto* d = std::get_if<DecodeWork>(&entry)) d->done(status);
-  if (auto* a = std::get_if<AppendWork>(&entry)) a->done(status);
-  if (auto* c = std::get_if<ControlWork>(&entry)) c->fail(status);
+  if (auto* d = std::get_if<DecodeWork>(&entry)) Answer("decode", [&] { d->done(status); });
+  if (auto* a = std::get_if<AppendWork>(&entry)) Answer("prefill", [&] { a->done(status); });
+  if (auto* c = std::get_if<ControlWork>(&entry)) Answer("fork/release", [&] { c->done(status); });
 }
 
 }  // namespace
@@ -96,16 +107,20 @@ absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool ur
   // by itself when the oldest request's delay ends. Wake it only when this entry can
   // close a batch earlier: a context switch per request is the largest cost otherwise.
   const auto* decode = std::get_if<DecodeWork>(&entry);
-  *wake = *wake || decode == nullptr || (options_.eager && decode->closes_batch) ||
-          queue_.empty() || queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size);
-  if (counts_toward_depth) ++limited_in_queue_;
-  queue_events_.fetch_add(1, std::memory_order_relaxed);
+  const bool wake_now = decode == nullptr || (options_.eager && decode->closes_batch) ||
+                        queue_.empty() ||
+                        queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size);
+  // The push first: when it throws (bad_alloc) nothing below has changed, and the
+  // caller still owns the work.
   if (urgent) {
     queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_in_front_), std::move(entry));
     ++urgent_in_front_;
   } else {
     queue_.push_back(std::move(entry));
   }
+  *wake = *wake || wake_now;
+  if (counts_toward_depth) ++limited_in_queue_;
+  queue_events_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -117,10 +132,13 @@ absl::Status Batcher::Enqueue(Entry entry, bool counts_toward_depth, bool urgent
   bool wake = false;
   absl::Status status;
   bool claimed = false;
-  {
+  try {
     std::lock_guard<std::mutex> lock(queue_mu_);
     status = PushLocked(entry, counts_toward_depth, urgent, &wake);
     claimed = claim != nullptr && status.ok() && TryClaimLocked(claim);
+  } catch (...) {  // bad_alloc from the push: nothing was queued
+    Completed(1);
+    throw;
   }
   if (!status.ok()) {
     Completed(1);
@@ -159,7 +177,11 @@ void Batcher::AddOutstanding(int64_t items) {
 }
 
 std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works) {
+  // Allocated before anything is queued: an item that cannot be pushed is refused with
+  // this instead of throwing while earlier items are already queued.
   std::vector<absl::Status> status(works->size());
+  const absl::Status no_memory =
+      absl::InternalError("internal error: out of memory while queueing the request");
   bool wake = false;
   SubmitterRun claim;  // runs (if claimed) before this returns
   bool claimed = false;
@@ -171,7 +193,11 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
     for (size_t i = 0; i < works->size(); ++i) {
       (*works)[i].enqueued = now;
       Entry entry(std::move((*works)[i]));
-      status[i] = PushLocked(entry, true, false, &wake);
+      try {
+        status[i] = PushLocked(entry, true, false, &wake);
+      } catch (const std::exception&) {
+        status[i] = no_memory;
+      }
       if (status[i].ok()) {
         ++queued;
       } else {
@@ -397,7 +423,7 @@ void Batcher::AssemblerLoop() {
     std::vector<DecodeWork> decodes, expired;
     std::unique_ptr<Entry> single;
     const bool more = TakeWork(&decodes, &single, &expired);
-    for (DecodeWork& d : expired) d.done(Expired());
+    AnswerAll(expired, Expired());
     Completed(static_cast<int64_t>(expired.size()));
 
     Ready ready;
@@ -466,22 +492,39 @@ void Batcher::ExecutorLoop() {
 }
 
 void Batcher::RunReady(Ready& ready) {
+  // Every unit is answered exactly once, exceptions (bad_alloc) included: an unanswered
+  // call would hang its client until its deadline. The work runs inside a try, the
+  // answer after it.
   int64_t items = 0;
-  try {
-    if (ready.buffer >= 0) {
-      items = static_cast<int64_t>(ready.decodes.size());
-      executor_->RunDecodeBatch(*staging_[ready.buffer], ready.decodes);
-    } else if (auto* append = std::get_if<AppendWork>(ready.single.get())) {
-      items = 1;
-      executor_->RunAppend(*append);
-    } else if (auto* control = std::get_if<ControlWork>(ready.single.get())) {
-      items = 1;
-      control->run();
+  if (ready.buffer >= 0) {
+    items = static_cast<int64_t>(ready.decodes.size());
+    try {
+      executor_->RunDecodeBatch(*staging_[ready.buffer], ready.decodes);  // answers them
+    } catch (const std::exception& e) {
+      spdlog::critical("executor: exception escaped a decode batch's answers: {}", e.what());
     }
-  } catch (const std::exception& e) {
-    // Completion callbacks and the backend do not throw; this is a bug. The items
-    // of this unit may not have been answered, so say so loudly.
-    spdlog::critical("executor: exception escaped a work item: {}", e.what());
+  } else if (auto* append = std::get_if<AppendWork>(ready.single.get())) {
+    items = 1;
+    absl::StatusOr<int64_t> length;
+    try {
+      length = executor_->RunAppend(*append);
+    } catch (const std::exception& e) {
+      spdlog::critical("executor: exception while running a prefill of '{}': {}", append->key,
+                       e.what());
+      length = absl::InternalError(absl::StrCat("internal error in the prefill: ", e.what()));
+    }
+    Answer("prefill", [&] { append->done(std::move(length)); });
+  } else if (auto* control = std::get_if<ControlWork>(ready.single.get())) {
+    items = 1;
+    absl::Status status;
+    try {
+      status = CheckStillWanted(Clock::now(), control->deadline, control->cancelled);
+      if (status.ok()) status = control->run();
+    } catch (const std::exception& e) {
+      spdlog::critical("executor: exception while running a fork/release: {}", e.what());
+      status = absl::InternalError(absl::StrCat("internal error in the fork/release: ", e.what()));
+    }
+    Answer("fork/release", [&] { control->done(status); });
   }
   ReleaseUnit(ready, items);
 }
@@ -537,7 +580,7 @@ void Batcher::Stop() {
     urgent_in_front_ = 0;
   }
   queue_cv_.notify_all();
-  for (Entry& entry : leftover) FailEntry(entry, Stopped());
+  for (Entry& entry : leftover) FailEntry(entry, Stopped());  // does not throw
   Completed(static_cast<int64_t>(leftover.size()));
   if (started_) {
     assembler_.join();

@@ -104,13 +104,13 @@ class Batcher {
 
   void Start();
   // On error (queue full: RESOURCE_EXHAUSTED; stopped: UNAVAILABLE) nothing was
-  // queued and `done` will not be called.
+  // queued and `done` will not be called. The same when one of them throws (bad_alloc).
   // With run_on_submitter and `claim`, the batch may be claimed for this thread: it
   // runs when the caller runs (or destroys) `claim`. Without `claim` it never is.
   absl::Status SubmitDecode(DecodeWork work, SubmitterRun* claim = nullptr);
   // Queues several decodes under one lock, in order. Returns one status per item; an
   // item that was queued is moved from (its `done` will run), a refused one is left
-  // intact for the caller to answer.
+  // intact for the caller to answer. Throws (bad_alloc) only before queueing any.
   std::vector<absl::Status> SubmitDecodes(std::vector<DecodeWork>* works);
   absl::Status SubmitAppend(AppendWork work);
   // Not limited by max_queue_depth. FIFO with everything else, unless `urgent`: then it
@@ -136,7 +136,9 @@ class Batcher {
   void AssemblerLoop();
   void ExecutorLoop();
   // Runs one unit (on the executor thread, or on the assembler's while the executor
-  // thread is idle), then frees its staging buffer and accounts for it.
+  // thread is idle) and answers it (INTERNAL when running it throws), then frees its
+  // staging buffer and accounts for it. A fork/release whose deadline passed or whose
+  // call was cancelled is answered without running (a prefill's check is the executor's).
   void RunReady(Ready& ready);
   // The end of every unit, run or not: executor_running_ cleared, the staging buffer
   // freed, waiters woken, `items` accounted as completed.

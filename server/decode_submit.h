@@ -46,6 +46,14 @@ class DecodeAdmission {
   void SubmitAll(std::vector<DecodeWork> works) const;
 
  private:
+  // The checks; on OK `work` is ready and its pending count is in `hold` (the caller
+  // releases it to the work's `done` once the work is queued, or lets it undo).
+  absl::Status Admit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
+                     const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
+                     EncodedResponse* encoded, Clock::time_point deadline,
+                     std::function<bool()> cancelled, std::function<void(const absl::Status&)> done,
+                     DecodeWork* work, PendingHold* hold) const;
+
   Batcher* batcher_;
   const PagedKvCache* cache_;
   PendingWrites* pending_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -16,12 +17,6 @@ namespace v1 = sparse_decode::v1;
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-}
-
-absl::Status DeadlineError() {
-  return absl::DeadlineExceededError(
-      "deadline passed while the request waited in the queue; "
-      "it was not run");
 }
 
 }  // namespace
@@ -55,10 +50,35 @@ Executor::~Executor() {
 }
 
 void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items) {
+  std::vector<absl::Status> status;
+  absl::Status failed;
+  try {
+    status.resize(items.size());
+    RunBatch(staging, items, status);
+  } catch (const std::exception& e) {
+    // Only bad_alloc can get here. Every item is still answered, once: a request left
+    // unanswered would hang its caller until its deadline.
+    spdlog::critical("decode batch of {}: exception while running it: {}", items.size(), e.what());
+    failed =
+        absl::InternalError(absl::StrCat("internal error while running the batch: ", e.what()));
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    try {
+      items[i].done(failed.ok()
+                        ? ForCaller(status[i], items[i].key, items[i].request->sequence_id())
+                        : failed);
+    } catch (const std::exception& e) {
+      spdlog::critical("decode batch: exception from the completion of request {} of '{}': {}",
+                       items[i].request->request_id(), items[i].key, e.what());
+    }
+  }
+}
+
+void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+                        std::vector<absl::Status>& status) {
   const Clock::time_point start = Clock::now();
   PagedKvCache& cache = backend_->cache();
   const int32_t n = static_cast<int32_t>(items.size());
-  std::vector<absl::Status> status(n);
   std::vector<int32_t> row_of(n, -1);  // staging row after compaction
 
   // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
@@ -69,14 +89,8 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
       status[i] = absl::InternalError("decode work item without an answer slot");
       continue;
     }
-    if (start > items[i].deadline) {
-      status[i] = DeadlineError();
-      continue;
-    }
-    if (items[i].cancelled && items[i].cancelled()) {
-      status[i] = absl::CancelledError("the call was cancelled before it ran");
-      continue;
-    }
+    status[i] = CheckStillWanted(start, items[i].deadline, items[i].cancelled);
+    if (!status[i].ok()) continue;
     status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots_);
     if (!status[i].ok()) continue;
     if (rows != i) staging.MoveRow(rows, i);
@@ -164,14 +178,14 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
     spdlog::debug("batch {}: size {} of {} queued, oldest wait {} us, compute {} us, total {} us",
                   batch_id, rows, n, Micros(oldest_wait), timing.compute_us, Micros(end - start));
   }
-  for (int32_t i = 0; i < n; ++i) {
-    items[i].done(ForCaller(status[i], items[i].key, items[i].request->sequence_id()));
-  }
 }
 
 absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
   const v1::AppendKVRequest& req = *work.request;
-  if (Clock::now() > work.deadline) return DeadlineError();
+  // A cancelled prefill must not write: its caller may already be sending another.
+  if (absl::Status s = CheckStillWanted(Clock::now(), work.deadline, work.cancelled); !s.ok()) {
+    return s;
+  }
   PagedKvCache& cache = backend_->cache();
   const int64_t n = req.k().shape(0);
   absl::Status s = cache.PrepareWrite(work.key, req.layer(), req.start_position(), n, &slots_);
@@ -209,10 +223,10 @@ absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
   return cache.Length(work.key, req.layer());
 }
 
-void Executor::RunAppend(AppendWork& work) {
+absl::StatusOr<int64_t> Executor::RunAppend(const AppendWork& work) {
   absl::StatusOr<int64_t> length = Append(work);
   if (!length.ok()) length = ForCaller(length.status(), work.key, work.request->sequence_id());
-  work.done(std::move(length));
+  return length;
 }
 
 }  // namespace sds::server

@@ -26,12 +26,20 @@ class Executor {
                                                           const ModelShape& model);
   ~Executor();
 
-  // `items[i]` was copied into row i of `staging` by the assembler.
+  // `items[i]` was copied into row i of `staging` by the assembler. Answers every item
+  // exactly once (INTERNAL for all of them if running the batch throws); does not throw
+  // unless a completion's own failure handling does.
   void RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items);
-  void RunAppend(AppendWork& work);
+  // The prefill's new length, or why it failed (the caller answers `work.done`). Not run
+  // when its deadline passed or its call was cancelled. May throw (bad_alloc).
+  absl::StatusOr<int64_t> RunAppend(const AppendWork& work);
 
  private:
   Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
+  // RunDecodeBatch without the answers: `status[i]` is item i's outcome (OK: its answer
+  // is encoded). May throw (bad_alloc).
+  void RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+                std::vector<absl::Status>& status);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
 
   Backend* backend_;

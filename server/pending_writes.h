@@ -54,4 +54,48 @@ class PendingWrites {
   absl::flat_hash_map<Key, int64_t, KeyHash, KeyEq> pending_;  // tokens queued
 };
 
+// Tokens added to PendingWrites and not yet owned by a queued work item's `done` (which
+// removes them when the item completes). The destructor removes them unless Release()
+// was called, so an error or an exception (bad_alloc) between the Add and a successful
+// submit cannot leave the count too high for good.
+class PendingHold {
+ public:
+  PendingHold() = default;
+  // Adds `tokens` (after copying the key: a failed copy adds nothing).
+  PendingHold(PendingWrites* pending, std::string key, int32_t layer, int64_t tokens)
+      : key_(std::move(key)), layer_(layer), tokens_(tokens) {
+    pending->Add(key_, layer_, tokens_);
+    pending_ = pending;
+  }
+  PendingHold(PendingHold&& other) noexcept
+      : pending_(std::exchange(other.pending_, nullptr)),
+        key_(std::move(other.key_)),
+        layer_(other.layer_),
+        tokens_(other.tokens_) {}
+  PendingHold& operator=(PendingHold&& other) noexcept {
+    if (this != &other) {
+      Undo();
+      pending_ = std::exchange(other.pending_, nullptr);
+      key_ = std::move(other.key_);
+      layer_ = other.layer_;
+      tokens_ = other.tokens_;
+    }
+    return *this;
+  }
+  ~PendingHold() { Undo(); }
+
+  // Removes the tokens now (before answering an error, so that a retry sees them gone).
+  void Undo() {
+    if (PendingWrites* p = std::exchange(pending_, nullptr)) p->Remove(key_, layer_, tokens_);
+  }
+  // The tokens belong to a queued work item's `done` now.
+  void Release() { pending_ = nullptr; }
+
+ private:
+  PendingWrites* pending_ = nullptr;
+  std::string key_;
+  int32_t layer_ = 0;
+  int64_t tokens_ = 0;
+};
+
 }  // namespace sds::server

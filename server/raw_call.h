@@ -1,9 +1,10 @@
-// The state of one raw Decode or DecodeBatch call (the service takes both as gRPC
-// ByteBuffers): the received slices, the parsed request whose tensor data stays in
-// those slices (wire_decode.h), and the typed response, both messages on one arena whose
-// first block is sized for the model's tensors, with the answers the executor encodes
-// straight from staging (response_wire.h). Shared by the call's completions; freed when
-// the last one is gone.
+// The state of one call of a method the service takes raw (as gRPC ByteBuffers). The
+// other unary methods (TypedCall): the request and response, parsed and serialized
+// whole by protobuf. Decode and DecodeBatch (RawCall): the received slices, the parsed
+// request whose tensor data stays in those slices (wire_decode.h), and the typed
+// response, both messages on one arena whose first block is sized for the model's
+// tensors, with the answers the executor encodes straight from staging
+// (response_wire.h). Shared by the call's completions; freed when the last one is gone.
 #pragma once
 
 #include <grpcpp/impl/codegen/proto_utils.h>  // SerializationTraits of protobuf messages
@@ -36,6 +37,41 @@ inline absl::Status SerializeReply(const google::protobuf::MessageLite& message,
   if (s.ok()) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("cannot serialize the response: ", s.error_message()));
 }
+
+// One call of a unary method whose messages protobuf parses and serializes whole
+// (GetModelInfo, CreateSequence, AppendKV, ForkSequence, ReleaseSequence), taken raw as
+// well: gRPC's typed deserialisation answers a malformed message INTERNAL with an empty
+// message before any handler runs, where the contract says INVALID_ARGUMENT (INTERNAL
+// is a server bug), and the call would not reach the metrics. Shared by the call's
+// completions; the request and response live until the last one is gone.
+template <typename Request, typename Response>
+struct TypedCall {
+  Request request;
+  Response response;
+
+  // INVALID_ARGUMENT when `received` is not a valid encoding of Request (truncated or
+  // corrupted bytes, a string field that is not UTF-8).
+  absl::Status Parse(const grpc::ByteBuffer& received) {
+    grpc::ByteBuffer view(received);  // shares the slices; the reader consumes its own
+    grpc::ProtoBufferReader reader(&view);
+    if (!reader.status().ok() || !request.ParseFromZeroCopyStream(&reader)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed ", request.GetTypeName(), ": not a valid protobuf encoding (",
+                       received.Length(),
+                       " bytes; truncated or corrupted, or a string field that is not UTF-8)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The reply of a call answered OK. INTERNAL when memory runs out.
+  absl::Status Reply(grpc::ByteBuffer* out) {
+    try {
+      return SerializeReply(response, out);
+    } catch (const std::exception& e) {  // bad_alloc: `done` callbacks must not throw
+      return absl::InternalError(absl::StrCat("cannot build the reply: ", e.what()));
+    }
+  }
+};
 
 template <typename Request, typename Response>
 class RawCall {

@@ -153,8 +153,8 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
     // a no-op control entry runs this decode now instead of after --max_queue_delay_us
     // (start-up took twice that; tests run with delays of seconds).
     ControlWork flush;
-    flush.run = [] {};
-    flush.fail = [](const absl::Status&) {};
+    flush.run = [] { return absl::OkStatus(); };
+    flush.done = [](const absl::Status&) {};
     if (absl::Status s = batcher.SubmitControl(std::move(flush)); !s.ok()) return s;
     if (absl::Status s = Wait(p, "decode"); !s.ok()) return s;
 

@@ -59,6 +59,26 @@ grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Metrics* m
   return finish.reactor;
 }
 
+// A unary method parsed whole by protobuf (TypedCall, raw_call.h): Serve, then the
+// request is parsed (a malformed one is answered INVALID_ARGUMENT and counted), then
+// `body(tenant, request, response, finish)`; `finish(OK)` sends the serialized response.
+// Request and response live until the last copy of `finish` is gone.
+template <typename Request, typename Response, typename Body>
+grpc::ServerUnaryReactor* ServeTyped(grpc::CallbackServerContext* context, Metrics* metrics,
+                                     const char* rpc, const absl::StatusOr<std::string>& tenant,
+                                     const grpc::ByteBuffer* wire, grpc::ByteBuffer* reply,
+                                     Body&& body) {
+  return Serve(context, metrics, rpc, tenant,
+               [&](const std::string& tenant_id, const Finisher& finished) {
+                 auto call = std::make_shared<TypedCall<Request, Response>>();
+                 if (absl::Status s = call->Parse(*wire); !s.ok()) return finished(s);
+                 auto finish = [finished, call, reply](const absl::Status& s) {
+                   finished(s.ok() ? call->Reply(reply) : s);
+                 };
+                 body(tenant_id, call->request, &call->response, finish);
+               });
+}
+
 constexpr char kDecodeBatchRpc[] = "DecodeBatch";
 
 // First arena block of one decode call: the bytes of its tensors at this model shape
@@ -105,78 +125,84 @@ void DecodeServiceImpl::StartDraining() {
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetModelInfo(grpc::CallbackServerContext* context,
-                                                          const v1::GetModelInfoRequest*,
-                                                          v1::ModelInfo* response) {
-  return Serve(context, metrics_, "GetModelInfo", Admit(*context),
-               [&](const std::string&, const Finisher& finish) {
-                 *response = config_.info;
-                 const CacheStats stats = backend_->cache().Stats();
-                 response->set_total_pages(stats.pages_total);
-                 response->set_free_pages(stats.pages_free);
-                 finish(absl::OkStatus());
-               });
+                                                          const grpc::ByteBuffer* wire,
+                                                          grpc::ByteBuffer* reply) {
+  return ServeTyped<v1::GetModelInfoRequest, v1::ModelInfo>(
+      context, metrics_, "GetModelInfo", Admit(*context), wire, reply,
+      [&](const std::string&, const v1::GetModelInfoRequest&, v1::ModelInfo* response,
+          const auto& finish) {
+        *response = config_.info;
+        const CacheStats stats = backend_->cache().Stats();
+        response->set_total_pages(stats.pages_total);
+        response->set_free_pages(stats.pages_free);
+        finish(absl::OkStatus());
+      });
 }
 
-grpc::ServerUnaryReactor* DecodeServiceImpl::CreateSequence(
-    grpc::CallbackServerContext* context, const v1::CreateSequenceRequest* request,
-    v1::CreateSequenceResponse* response) {
-  return Serve(context, metrics_, "CreateSequence", Admit(*context),
-               [&](const std::string& tenant, const Finisher& finish) {
-                 const std::string& id = request->sequence_id();
-                 if (absl::Status s = ValidateSequenceId(id, "sequence_id"); !s.ok()) {
-                   return finish(s);
-                 }
-                 if (request->reserve_tokens() < 0) {
-                   return finish(absl::InvalidArgumentError(absl::StrCat(
-                       "reserve_tokens ", request->reserve_tokens(), " must be >= 0")));
-                 }
-                 const std::string key = SequenceKey(tenant, id);
-                 absl::Status s = backend_->cache().CreateSequence(key, request->reserve_tokens());
-                 if (s.code() == absl::StatusCode::kAlreadyExists) {
-                   s = absl::AlreadyExistsError(absl::StrCat("sequence '", id, "' already exists"));
-                 } else if (s.code() == absl::StatusCode::kResourceExhausted) {
-                   s = absl::ResourceExhaustedError(
-                       absl::StrCat("cache full: cannot reserve ", request->reserve_tokens(),
-                                    " tokens for '", id, "': ", s.message()));
-                 }
-                 if (s.ok()) {
-                   const int64_t page = config_.info.page_size();
-                   response->set_reserved_pages((request->reserve_tokens() + page - 1) / page);
-                 }
-                 finish(ForCaller(s, key, id));
-               });
+grpc::ServerUnaryReactor* DecodeServiceImpl::CreateSequence(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* wire,
+                                                            grpc::ByteBuffer* reply) {
+  return ServeTyped<v1::CreateSequenceRequest, v1::CreateSequenceResponse>(
+      context, metrics_, "CreateSequence", Admit(*context), wire, reply,
+      [&](const std::string& tenant, const v1::CreateSequenceRequest& request,
+          v1::CreateSequenceResponse* response, const auto& finish) {
+        const std::string& id = request.sequence_id();
+        if (absl::Status s = ValidateSequenceId(id, "sequence_id"); !s.ok()) return finish(s);
+        if (request.reserve_tokens() < 0) {
+          return finish(absl::InvalidArgumentError(
+              absl::StrCat("reserve_tokens ", request.reserve_tokens(), " must be >= 0")));
+        }
+        const std::string key = SequenceKey(tenant, id);
+        absl::Status s = backend_->cache().CreateSequence(key, request.reserve_tokens());
+        if (s.code() == absl::StatusCode::kAlreadyExists) {
+          s = absl::AlreadyExistsError(absl::StrCat("sequence '", id, "' already exists"));
+        } else if (s.code() == absl::StatusCode::kResourceExhausted) {
+          s = absl::ResourceExhaustedError(absl::StrCat("cache full: cannot reserve ",
+                                                        request.reserve_tokens(), " tokens for '",
+                                                        id, "': ", s.message()));
+        }
+        if (s.ok()) {
+          const int64_t page = config_.info.page_size();
+          response->set_reserved_pages((request.reserve_tokens() + page - 1) / page);
+        }
+        finish(ForCaller(s, key, id));
+      });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::AppendKV(grpc::CallbackServerContext* context,
-                                                      const v1::AppendKVRequest* request,
-                                                      v1::AppendKVResponse* response) {
-  return Serve(
-      context, metrics_, "AppendKV", Admit(*context),
-      [&](const std::string& tenant, const Finisher& finish) {
-        if (absl::Status s = ValidateAppend(*request, config_.model); !s.ok()) return finish(s);
+                                                      const grpc::ByteBuffer* wire,
+                                                      grpc::ByteBuffer* reply) {
+  return ServeTyped<v1::AppendKVRequest, v1::AppendKVResponse>(
+      context, metrics_, "AppendKV", Admit(*context), wire, reply,
+      [&](const std::string& tenant, const v1::AppendKVRequest& request,
+          v1::AppendKVResponse* response, const auto& finish) {
+        if (absl::Status s = ValidateAppend(request, config_.model); !s.ok()) return finish(s);
         AppendWork work;
-        work.request = request;
-        work.key = SequenceKey(tenant, request->sequence_id());
-        const int32_t layer = request->layer();
-        const int64_t n = request->k().shape(0);
+        work.request = &request;
+        work.key = SequenceKey(tenant, request.sequence_id());
+        const int32_t layer = request.layer();
+        const int64_t n = request.k().shape(0);
         if (absl::Status s = pending_.CheckStart(backend_->cache(), work.key, layer,
-                                                 request->start_position(), request->sequence_id());
+                                                 request.start_position(), request.sequence_id());
             !s.ok()) {
           return finish(s);
         }
-        pending_.Add(work.key, layer, n);
+        // Counted until the queued work's `done` takes the count over; taken back here on
+        // a refusal or an exception before that.
+        PendingHold hold(&pending_, work.key, layer, n);
         work.deadline = DeadlineOf(*context);
+        work.cancelled = [context] { return context->IsCancelled(); };
         work.done = [this, finish, response, key = work.key, layer,
                      n](absl::StatusOr<int64_t> length) {
           pending_.Remove(key, layer, n);
           if (length.ok()) response->set_length(*length);
           finish(length.status());
         };
-        const std::string key = work.key;
         if (absl::Status s = batcher_->SubmitAppend(std::move(work)); !s.ok()) {
-          pending_.Remove(key, layer, n);
-          finish(s);
+          hold.Undo();
+          return finish(s);
         }
+        hold.Release();
       });
 }
 
@@ -264,9 +290,14 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
             if (remaining->fetch_sub(1) == 1) finish(absl::OkStatus());
           };
           DecodeWork work;
-          absl::Status s = admission_.Prepare(
-              tenant, item, call->bytes(i), slot, call->encoded(i), deadline,
-              [context] { return context->IsCancelled(); }, done, &work);
+          absl::Status s;
+          try {
+            s = admission_.Prepare(
+                tenant, item, call->bytes(i), slot, call->encoded(i), deadline,
+                [context] { return context->IsCancelled(); }, done, &work);
+          } catch (const std::exception& e) {  // bad_alloc: this item fails alone
+            s = absl::InternalError(absl::StrCat("internal error while queueing: ", e.what()));
+          }
           if (s.ok()) {
             works.push_back(std::move(work));
           } else {
@@ -299,13 +330,14 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::ForkSequence(grpc::CallbackServerContext* context,
-                                                          const v1::ForkSequenceRequest* request,
-                                                          v1::ForkSequenceResponse*) {
-  return Serve(
-      context, metrics_, "ForkSequence", Admit(*context),
-      [&](const std::string& tenant, const Finisher& finish) {
-        const std::string& src_id = request->sequence_id();
-        const std::string& dst_id = request->new_sequence_id();
+                                                          const grpc::ByteBuffer* wire,
+                                                          grpc::ByteBuffer* reply) {
+  return ServeTyped<v1::ForkSequenceRequest, v1::ForkSequenceResponse>(
+      context, metrics_, "ForkSequence", Admit(*context), wire, reply,
+      [&](const std::string& tenant, const v1::ForkSequenceRequest& request,
+          v1::ForkSequenceResponse*, const auto& finish) {
+        const std::string& src_id = request.sequence_id();
+        const std::string& dst_id = request.new_sequence_id();
         if (absl::Status s = ValidateSequenceId(src_id, "sequence_id"); !s.ok()) return finish(s);
         if (absl::Status s = ValidateSequenceId(dst_id, "new_sequence_id"); !s.ok()) {
           return finish(s);
@@ -313,57 +345,58 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::ForkSequence(grpc::CallbackServerCo
         const std::string src = SequenceKey(tenant, src_id);
         const std::string dst = SequenceKey(tenant, dst_id);
         ControlWork work;
-        // Runs between batches in queue order, so the fork sees every write queued before it.
-        work.run = [this, finish, src, dst, src_id, dst_id] {
+        // Runs between batches in queue order, so the fork sees every write queued before
+        // it; not at all once the caller gave up (deadline, cancel), or a retry would find
+        // the new sequence there and fail ALREADY_EXISTS.
+        work.run = [this, src, dst, src_id, dst_id]() -> absl::Status {
           absl::Status s = backend_->cache().ForkSequence(src, dst);
-          if (s.code() == absl::StatusCode::kNotFound) s = NotFound(src_id);
+          if (s.ok()) return s;
+          if (s.code() == absl::StatusCode::kNotFound) return NotFound(src_id);
           if (s.code() == absl::StatusCode::kAlreadyExists) {
-            s = absl::AlreadyExistsError(absl::StrCat("sequence '", dst_id, "' already exists"));
-          }
-          if (s.ok() || s.code() == absl::StatusCode::kNotFound ||
-              s.code() == absl::StatusCode::kAlreadyExists) {
-            return finish(s);
+            return absl::AlreadyExistsError(absl::StrCat("sequence '", dst_id, "' already exists"));
           }
           // Other codes (e.g. RESOURCE_EXHAUSTED): the message may name the keys.
-          finish(absl::Status(s.code(),
-                              absl::StrReplaceAll(s.message(), {{src, src_id}, {dst, dst_id}})));
+          return absl::Status(s.code(),
+                              absl::StrReplaceAll(s.message(), {{src, src_id}, {dst, dst_id}}));
         };
-        work.fail = finish;
+        work.deadline = DeadlineOf(*context);
+        work.cancelled = [context] { return context->IsCancelled(); };
+        work.done = finish;
         if (absl::Status s = batcher_->SubmitControl(std::move(work)); !s.ok()) finish(s);
       });
 }
 
-grpc::ServerUnaryReactor* DecodeServiceImpl::ReleaseSequence(
-    grpc::CallbackServerContext* context, const v1::ReleaseSequenceRequest* request,
-    v1::ReleaseSequenceResponse* response) {
-  return Serve(context, metrics_, "ReleaseSequence", Admit(*context),
-               [&](const std::string& tenant, const Finisher& finish) {
-                 const std::string& id = request->sequence_id();
-                 if (absl::Status s = ValidateSequenceId(id, "sequence_id"); !s.ok()) {
-                   return finish(s);
-                 }
-                 const std::string key = SequenceKey(tenant, id);
-                 ControlWork work;
-                 // Runs between batches, ahead of queued decodes: no launched batch
-                 // can read the freed pages, and the sequence's queued decodes fail
-                 // NOT_FOUND at PrepareWrite.
-                 work.run = [this, finish, response, key, id] {
-                   absl::StatusOr<int64_t> freed = backend_->cache().ReleaseSequence(key);
-                   if (freed.ok()) {
-                     response->set_freed_pages(*freed);
-                     return finish(absl::OkStatus());
-                   }
-                   if (freed.status().code() == absl::StatusCode::kNotFound) {
-                     return finish(NotFound(id));
-                   }
-                   finish(ForCaller(freed.status(), key, id));
-                 };
-                 work.fail = finish;
-                 if (absl::Status s = batcher_->SubmitControl(std::move(work), /*urgent=*/true);
-                     !s.ok()) {
-                   finish(s);
-                 }
-               });
+grpc::ServerUnaryReactor* DecodeServiceImpl::ReleaseSequence(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* wire,
+                                                             grpc::ByteBuffer* reply) {
+  return ServeTyped<v1::ReleaseSequenceRequest, v1::ReleaseSequenceResponse>(
+      context, metrics_, "ReleaseSequence", Admit(*context), wire, reply,
+      [&](const std::string& tenant, const v1::ReleaseSequenceRequest& request,
+          v1::ReleaseSequenceResponse* response, const auto& finish) {
+        const std::string& id = request.sequence_id();
+        if (absl::Status s = ValidateSequenceId(id, "sequence_id"); !s.ok()) return finish(s);
+        const std::string key = SequenceKey(tenant, id);
+        ControlWork work;
+        // Runs between batches, ahead of queued decodes: no launched batch can read the
+        // freed pages, and the sequence's queued decodes fail NOT_FOUND at PrepareWrite.
+        // Not at all once the caller gave up (deadline, cancel): it may retry or still use
+        // the sequence.
+        work.run = [this, response, key, id]() -> absl::Status {
+          absl::StatusOr<int64_t> freed = backend_->cache().ReleaseSequence(key);
+          if (freed.ok()) {
+            response->set_freed_pages(*freed);
+            return absl::OkStatus();
+          }
+          if (freed.status().code() == absl::StatusCode::kNotFound) return NotFound(id);
+          return ForCaller(freed.status(), key, id);
+        };
+        work.deadline = DeadlineOf(*context);
+        work.cancelled = [context] { return context->IsCancelled(); };
+        work.done = finish;
+        if (absl::Status s = batcher_->SubmitControl(std::move(work), /*urgent=*/true); !s.ok()) {
+          finish(s);
+        }
+      });
 }
 
 }  // namespace sds::server

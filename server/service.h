@@ -24,19 +24,21 @@ namespace sds::server {
 
 class DecodeStreamReactor;
 
-// The generated callback service with Decode, DecodeBatch and DecodeStream taken raw
-// (as gRPC ByteBuffers): their requests are parsed by wire_decode.h, so that tensor
-// bytes go from the received slices straight into the staging buffer. The wire format
-// is unchanged.
+// The generated callback service with every method taken raw (as gRPC ByteBuffers);
+// the wire format is unchanged. Decode, DecodeBatch and DecodeStream are parsed by
+// wire_decode.h, so that tensor bytes go from the received slices straight into the
+// staging buffer. The other methods are parsed whole by protobuf in the handler
+// (raw_call.h, TypedCall): a malformed message is then answered INVALID_ARGUMENT and
+// counted, where gRPC's typed methods answer it INTERNAL before any handler runs.
 namespace generated = sparse_decode::v1;
-using DecodeServiceBase = generated::DecodeService::WithCallbackMethod_GetModelInfo<
-    generated::DecodeService::WithCallbackMethod_CreateSequence<
-        generated::DecodeService::WithCallbackMethod_AppendKV<
+using DecodeServiceBase = generated::DecodeService::WithRawCallbackMethod_GetModelInfo<
+    generated::DecodeService::WithRawCallbackMethod_CreateSequence<
+        generated::DecodeService::WithRawCallbackMethod_AppendKV<
             generated::DecodeService::WithRawCallbackMethod_Decode<
                 generated::DecodeService::WithRawCallbackMethod_DecodeBatch<
                     generated::DecodeService::WithRawCallbackMethod_DecodeStream<
-                        generated::DecodeService::WithCallbackMethod_ForkSequence<
-                            generated::DecodeService::WithCallbackMethod_ReleaseSequence<
+                        generated::DecodeService::WithRawCallbackMethod_ForkSequence<
+                            generated::DecodeService::WithRawCallbackMethod_ReleaseSequence<
                                 generated::DecodeService::Service>>>>>>>>;
 
 struct ServiceConfig {
@@ -56,15 +58,17 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   void StartDraining();
   int64_t active_streams() const { return active_streams_.load(); }
 
+  // Every method is raw: `request` holds the serialized request message of the method
+  // (GetModelInfoRequest, ...), `response` receives the serialized response.
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const sparse_decode::v1::GetModelInfoRequest* request,
-                                         sparse_decode::v1::ModelInfo* response) override;
-  grpc::ServerUnaryReactor* CreateSequence(
-      grpc::CallbackServerContext* context, const sparse_decode::v1::CreateSequenceRequest* request,
-      sparse_decode::v1::CreateSequenceResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* AppendKV(grpc::CallbackServerContext* context,
-                                     const sparse_decode::v1::AppendKVRequest* request,
-                                     sparse_decode::v1::AppendKVResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   // Raw: `request` is a serialized DecodeRequest, `response` receives a DecodeResponse.
   grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
@@ -76,13 +80,12 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   // Raw: DecodeRequest messages in, DecodeResponse messages out (stream_reactor.h).
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* ForkSequence(
-      grpc::CallbackServerContext* context, const sparse_decode::v1::ForkSequenceRequest* request,
-      sparse_decode::v1::ForkSequenceResponse* response) override;
-  grpc::ServerUnaryReactor* ReleaseSequence(
-      grpc::CallbackServerContext* context,
-      const sparse_decode::v1::ReleaseSequenceRequest* request,
-      sparse_decode::v1::ReleaseSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* ForkSequence(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ReleaseSequence(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
 
  private:
   // Draining check, then authentication; returns the tenant.

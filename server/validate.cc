@@ -54,8 +54,14 @@ absl::Status CheckBf16(const char* name, const v1::Tensor& t, const TensorBytes&
   if (!std::equal(t.shape().begin(), t.shape().end(), shape.begin(), shape.end())) {
     return Bad(absl::StrCat(name, ": shape must be ", ShapeText(shape), ", got ", ShapeText(t)));
   }
+  // The callers bound every dimension, but a product that overflows must not pass as a
+  // small one: checked, with the byte count, against int64.
   int64_t elements = 1;
-  for (int64_t dim : shape) elements *= dim;
+  for (int64_t dim : shape) {
+    if (dim < 0 || __builtin_mul_overflow(elements, dim, &elements) || elements > INT64_MAX / 2) {
+      return Bad(absl::StrCat(name, ": shape ", ShapeText(shape), " is too large"));
+    }
+  }
   if (absl::Status s = CheckBytes(name, t, data, elements, 2); !s.ok()) return s;
   bool finite = true;
   data.ForEachElementRun(
@@ -97,7 +103,8 @@ absl::Status CheckIndices(const v1::Tensor& t, const TensorBytes& data, int64_t 
     return Bad(absl::StrCat("indices: shape must be [K] or [", model.num_kv_heads,
                             ", K] (one list per KV head), got ", ShapeText(t)));
   }
-  if (k < 0 || k > model.max_topk) {
+  if (k < 0) return Bad(absl::StrCat("indices: K = ", k, " must not be negative"));
+  if (k > model.max_topk) {
     return Bad(absl::StrCat("indices: K = ", k, " exceeds max_topk ", model.max_topk));
   }
   const int64_t count = t.shape_size() == 1 ? k : k * model.num_kv_heads;
@@ -200,8 +207,11 @@ absl::Status ValidateAppend(const v1::AppendKVRequest& request, const ModelShape
                             "] with n >= 1, got ", ShapeText(k)));
   }
   const int64_t n = k.shape(0);
-  if (request.start_position() + n > INT32_MAX) {
-    return Bad("start_position + n exceeds 2^31 tokens");
+  // Written so that it cannot overflow: start_position >= 0 and n >= 1 here, and
+  // start_position + n may exceed INT64_MAX.
+  if (request.start_position() > INT32_MAX || n > INT32_MAX - request.start_position()) {
+    return Bad(absl::StrCat("start_position ", request.start_position(), " + n ", n,
+                            " exceeds 2^31 tokens"));
   }
   const std::array<int64_t, 3> shape = {n, model.num_kv_heads, model.head_dim};
   if (absl::Status s = CheckBf16("k", k, TensorBytes::Of(k.data()), shape); !s.ok()) return s;

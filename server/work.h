@@ -47,15 +47,37 @@ struct AppendWork {
   std::string key;
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point enqueued;
+  std::function<bool()> cancelled;  // optional: the caller gave up (not run, CANCELLED)
   std::function<void(absl::StatusOr<int64_t> length)> done;
 };
 
 // Cache metadata changes (fork, release) that must be ordered with launched batches:
 // they run between batches, one unit at a time in queue order (on the executor thread,
-// or on the assembler's when nothing else is queued).
+// or on the assembler's when nothing else is queued). The batcher calls `run` (unless
+// the deadline passed, the call was cancelled or the batcher stopped), then `done` once
+// with run's status or the reason it did not run; `run` changes nothing it does not
+// report through that status.
 struct ControlWork {
-  std::function<void()> run;
-  std::function<void(const absl::Status&)> fail;  // instead of run, when stopped
+  std::function<absl::Status()> run;
+  Clock::time_point deadline = Clock::time_point::max();
+  std::function<bool()> cancelled;  // optional
+  std::function<void(const absl::Status&)> done;
 };
+
+// Why a unit whose deadline is `deadline` may not run at `now` (DEADLINE_EXCEEDED or
+// CANCELLED), or OK. Checked right before a unit runs: a caller that has given up must
+// not find its work done later (a fork that exists after its DEADLINE_EXCEEDED answer
+// makes the retry fail ALREADY_EXISTS).
+inline absl::Status CheckStillWanted(Clock::time_point now, Clock::time_point deadline,
+                                     const std::function<bool()>& cancelled) {
+  if (now > deadline) {
+    return absl::DeadlineExceededError(
+        "deadline passed while the request waited in the queue; it was not run");
+  }
+  if (cancelled && cancelled()) {
+    return absl::CancelledError("the call was cancelled before it ran; it was not run");
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace sds::server

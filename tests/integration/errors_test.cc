@@ -7,6 +7,8 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -144,9 +146,31 @@ grpc::Status RawUnary(Harness& h, const std::string& method, const std::string& 
   return done.get_future().get();
 }
 
-// Decode and DecodeBatch parse their messages themselves (server/wire_decode.cc): bytes
-// that are not a valid encoding are INVALID_ARGUMENT, and nothing of a truncated batch
-// runs (its first, complete request would otherwise be a valid decode).
+// The sds_requests_total count of (rpc, code) on the server's /metrics, 0 when absent.
+int64_t RequestCount(Harness& h, const std::string& rpc, const std::string& code) {
+  int status = 0;
+  const std::string body = HttpGet(h.server().metrics_port(), "/metrics", &status);
+  EXPECT_EQ(status, 200);
+  const std::string series = "sds_requests_total{rpc=\"" + rpc + "\",code=\"" + code + "\"} ";
+  const size_t at = body.find(series);
+  if (at == std::string::npos) return 0;
+  return std::stoll(body.substr(at + series.size()));
+}
+
+// Field 1 (a string) of a message, as bytes: lets a test send any bytes, UTF-8 or not.
+std::string StringField(int field, const std::string& value) {
+  return std::string(1, static_cast<char>(field << 3 | 2)) +
+         std::string(1, static_cast<char>(value.size())) + value;  // value < 128 bytes
+}
+
+// Every method parses its request itself: Decode and DecodeBatch from the slices
+// (server/wire_decode.cc), the others whole by protobuf in the handler (TypedCall in
+// server/raw_call.h), where gRPC's typed methods had answered INTERNAL with no message
+// before any handler ran. Bytes that are not a valid encoding, and strings that are not
+// UTF-8 (proto3 requires it), are INVALID_ARGUMENT with a message that says so, counted
+// in /metrics by method, and run nothing (a truncated batch's first, complete request
+// would otherwise be a valid decode; a truncated release, fork or create would change
+// the sequences).
 TEST_F(ErrorsTest, MalformedMessagesAreInvalidArgumentAndRunNothing) {
   Harness& h = *harness_;
   InputGen gen(12);
@@ -158,22 +182,58 @@ TEST_F(ErrorsTest, MalformedMessagesAreInvalidArgumentAndRunNothing) {
   *batch.add_requests() = RandomDecode(gen, model_, "other", layer, 0, 1, false, 2);  // not reached
   const std::string encoded = batch.SerializeAsString();
   const std::string one = batch.requests(0).SerializeAsString();
+  const int64_t length0 = h.mirror().Length("victim", 0);
+  v1::AppendKVRequest append = RandomAppend(gen, model_, "victim", 0, length0, 2);
+  const std::string append_bytes = append.SerializeAsString();
+  append.clear_sequence_id();
+  const std::string append_not_utf8 = StringField(1, "vic\xfftim") + append.SerializeAsString();
+  v1::ForkSequenceRequest fork;
+  fork.set_sequence_id("victim");
+  fork.set_new_sequence_id("copy");
+  const std::string fork_bytes = fork.SerializeAsString();
+  v1::ReleaseSequenceRequest release;
+  release.set_sequence_id("victim");
+  const std::string release_bytes = release.SerializeAsString();
+  v1::CreateSequenceRequest create;
+  create.set_sequence_id("fresh");
+  const std::string create_bytes = create.SerializeAsString();
+  const std::string garbage = "\xff\xff\xff";
   struct Case {
     const char* method;
     std::string bytes;
   };
   const Case cases[] = {
-      {"Decode", "\xff\xff\xff"},
-      {"DecodeBatch", "\xff\xff\xff"},
+      {"Decode", garbage},
+      {"DecodeBatch", garbage},
       {"Decode", one.substr(0, one.size() - 1)},
       {"DecodeBatch", encoded.substr(0, encoded.size() - 1)},
       {"Decode", one + std::string(1, '\0')},  // a 0 tag
+      {"GetModelInfo", garbage},
+      {"CreateSequence", garbage},
+      {"CreateSequence", create_bytes.substr(0, create_bytes.size() - 1)},
+      {"CreateSequence", StringField(1, "fr\xc3\x28sh")},  // an invalid 2-byte sequence
+      {"AppendKV", garbage},
+      {"AppendKV", append_bytes.substr(0, append_bytes.size() - 1)},
+      {"AppendKV", append_not_utf8},
+      {"ForkSequence", garbage},
+      {"ForkSequence", fork_bytes.substr(0, fork_bytes.size() - 1)},
+      {"ForkSequence", StringField(1, "victim") + StringField(2, "copy\xff")},
+      {"ReleaseSequence", garbage},
+      {"ReleaseSequence", release_bytes.substr(0, release_bytes.size() - 1)},
+      {"ReleaseSequence", StringField(1, "vic\xfftim")},
   };
+  std::map<std::string, int64_t> bad_per_method;
   for (const Case& c : cases) {
     const grpc::Status s = RawUnary(h, c.method, c.bytes);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << c.method << " of " << c.bytes.size() << " bytes: " << s.error_message();
     EXPECT_NE(s.error_message().find("malformed"), std::string::npos) << s.error_message();
+    ++bad_per_method[c.method];
+  }
+  for (const auto& [method, bad] : bad_per_method) {
+    // DecodeBatch counts its items; a batch that does not parse counts once.
+    EXPECT_EQ(RequestCount(h, method, "INVALID_ARGUMENT"), bad) << method;
+    EXPECT_EQ(RequestCount(h, method, "INTERNAL"), 0) << method;
   }
   // The complete encodings are good calls, and the first request still fits the cache
   // as it was (nothing above ran it).
@@ -182,6 +242,19 @@ TEST_F(ErrorsTest, MalformedMessagesAreInvalidArgumentAndRunNothing) {
   v1::DecodeRequest next =
       RandomDecode(gen, model_, "victim", layer, h.mirror().Length("victim", layer), 12, false, 3);
   EXPECT_TRUE(h.DecodeAndCheck(next).ok());
+  // Nothing else ran either: "victim" was not released and layer 0 got no tokens (the
+  // position after them is still a gap), "copy" and "fresh" do not exist yet.
+  v1::DecodeResponse gap;
+  EXPECT_EQ(h.stub()
+                .Decode(Context().get(),
+                        RandomDecode(gen, model_, "victim", 0, length0 + 2, 4, false, 4), &gap)
+                .error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  v1::ForkSequenceResponse forked;
+  EXPECT_TRUE(h.stub().ForkSequence(Context().get(), fork, &forked).ok());
+  v1::CreateSequenceResponse created;
+  EXPECT_TRUE(h.stub().CreateSequence(Context().get(), create, &created).ok());
+  EXPECT_TRUE(RawUnary(h, "GetModelInfo", "").ok());
 }
 
 // One DecodeStream of raw messages: each written, then its answer read (a completion

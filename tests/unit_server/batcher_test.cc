@@ -145,7 +145,8 @@ class BatcherTest : public ::testing::Test {
     std::string sequence;
     int64_t position = 0;  // 0 creates the sequence
     bool deadline_passed = false;
-    bool no_answer_slot = false;  // DecodeWork::encoded left null (a caller's bug)
+    bool no_answer_slot = false;                // DecodeWork::encoded left null (a caller's bug)
+    std::function<bool()> cancelled = nullptr;  // DecodeWork::cancelled
     Batcher::SubmitterRun* claim = nullptr;
     // When set, `done` notifies `entered`, then waits for `release` before it returns:
     // it holds the thread that answers it.
@@ -169,6 +170,7 @@ class BatcherTest : public ::testing::Test {
     work.encoded = spec.no_answer_slot ? nullptr : encoded.get();
     work.key = spec.sequence;
     if (spec.deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);
+    work.cancelled = spec.cancelled;
     work.done = [record, request, response, encoded, entered = spec.entered,
                  release = spec.release](const absl::Status& s) {
       record->thread = ThreadName();
@@ -181,8 +183,11 @@ class BatcherTest : public ::testing::Test {
     return record;
   }
 
-  // A prefill of two tokens into a fresh sequence.
-  std::shared_ptr<Record> SubmitPrefill(const std::string& sequence) {
+  // A prefill of two tokens into a fresh sequence (AppendWork's deadline and cancelled
+  // as given).
+  std::shared_ptr<Record> SubmitPrefill(const std::string& sequence,
+                                        Clock::time_point deadline = Clock::time_point::max(),
+                                        std::function<bool()> cancelled = {}) {
     EXPECT_TRUE(backend_->cache().CreateSequence(sequence, 0).ok());
     auto request = std::make_shared<v1::AppendKVRequest>();
     request->set_sequence_id(sequence);
@@ -192,6 +197,8 @@ class BatcherTest : public ::testing::Test {
     AppendWork work;
     work.request = request.get();
     work.key = sequence;
+    work.deadline = deadline;
+    work.cancelled = std::move(cancelled);
     work.done = [record, request](const absl::StatusOr<int64_t>& length) {
       record->thread = ThreadName();
       record->status = length.status();
@@ -201,23 +208,37 @@ class BatcherTest : public ::testing::Test {
     return record;
   }
 
-  // Control work that records where it runs, then waits for `release` (if any).
-  std::shared_ptr<Record> SubmitControl(absl::Notification* started = nullptr,
-                                        absl::Notification* release = nullptr) {
+  // Control work that records where it runs (`thread` stays empty when it does not
+  // run), then waits for `release` (if any), and returns `result`.
+  struct ControlSpec {
+    absl::Notification* started = nullptr;
+    absl::Notification* release = nullptr;
+    bool deadline_passed = false;
+    std::function<bool()> cancelled = nullptr;  // ControlWork::cancelled
+    bool throws = false;                        // run throws instead of returning
+  };
+  std::shared_ptr<Record> SubmitControlAt(const ControlSpec& spec) {
     auto record = std::make_shared<Record>();
     ControlWork work;
-    work.run = [record, started, release] {
+    work.run = [record, spec]() -> absl::Status {
       record->thread = ThreadName();
-      if (started != nullptr) started->Notify();
-      if (release != nullptr) release->WaitForNotificationWithTimeout(kWait);
-      record->done.Notify();
+      if (spec.started != nullptr) spec.started->Notify();
+      if (spec.release != nullptr) spec.release->WaitForNotificationWithTimeout(kWait);
+      if (spec.throws) throw std::runtime_error("injected");
+      return absl::OkStatus();
     };
-    work.fail = [record](const absl::Status& s) {
+    if (spec.deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);
+    work.cancelled = spec.cancelled;
+    work.done = [record](const absl::Status& s) {
       record->status = s;
       record->done.Notify();
     };
     EXPECT_TRUE(batcher_->SubmitControl(std::move(work)).ok());
     return record;
+  }
+  std::shared_ptr<Record> SubmitControl(absl::Notification* started = nullptr,
+                                        absl::Notification* release = nullptr) {
+    return SubmitControlAt({.started = started, .release = release});
   }
 
   static void Wait(const std::shared_ptr<Record>& r) {
@@ -542,6 +563,95 @@ TEST_F(BatcherTest, ThrowingCompletionInAClaimedBatchDoesNotWedgeTheBatcher) {
   Wait(after);
   EXPECT_TRUE(after->status.ok()) << after->status;
   EXPECT_TRUE(batcher_->Drain(Clock::now() + std::chrono::seconds(5)));
+}
+
+// Fork and release (control work) run only while their caller still waits: one whose
+// deadline passed or whose call was cancelled in the queue is answered DEADLINE_EXCEEDED
+// or CANCELLED and not run (a fork that appeared after its caller's DEADLINE_EXCEEDED
+// made the retry fail ALREADY_EXISTS).
+TEST_F(BatcherTest, ControlWorkWhoseCallerGaveUpIsNotRun) {
+  Start(false);
+  std::shared_ptr<Record> expired = SubmitControlAt({.deadline_passed = true});
+  Wait(expired);
+  EXPECT_EQ(expired->status.code(), absl::StatusCode::kDeadlineExceeded) << expired->status;
+  EXPECT_EQ(expired->thread, "") << "ran after its deadline";
+  std::shared_ptr<Record> cancelled = SubmitControlAt({.cancelled = [] { return true; }});
+  Wait(cancelled);
+  EXPECT_EQ(cancelled->status.code(), absl::StatusCode::kCancelled) << cancelled->status;
+  EXPECT_EQ(cancelled->thread, "") << "ran after its call was cancelled";
+  std::shared_ptr<Record> wanted = SubmitControlAt({.cancelled = [] { return false; }});
+  Wait(wanted);
+  EXPECT_TRUE(wanted->status.ok()) << wanted->status;
+  EXPECT_NE(wanted->thread, "");
+}
+
+// A prefill whose call was cancelled (or whose deadline passed) in the queue writes
+// nothing; the next one of the same sequence still starts at position 0.
+TEST_F(BatcherTest, PrefillWhoseCallerGaveUpWritesNothing) {
+  Start(false);
+  std::shared_ptr<Record> cancelled =
+      SubmitPrefill("c", Clock::time_point::max(), [] { return true; });
+  Wait(cancelled);
+  EXPECT_EQ(cancelled->status.code(), absl::StatusCode::kCancelled) << cancelled->status;
+  std::shared_ptr<Record> expired = SubmitPrefill("e", Clock::now() - std::chrono::seconds(1));
+  Wait(expired);
+  EXPECT_EQ(expired->status.code(), absl::StatusCode::kDeadlineExceeded) << expired->status;
+  for (const char* id : {"c", "e"}) {
+    absl::StatusOr<int64_t> length = backend_->cache().Length(id, 0);
+    ASSERT_TRUE(length.ok()) << length.status();
+    EXPECT_EQ(*length, 0) << id << ": the refused prefill wrote tokens";
+  }
+  std::shared_ptr<Record> wanted =
+      SubmitPrefill("w", Clock::time_point::max(), [] { return false; });
+  Wait(wanted);
+  EXPECT_TRUE(wanted->status.ok()) << wanted->status;
+}
+
+// An exception while a unit runs (only bad_alloc in the server; injected here through
+// the work's own callbacks) is answered INTERNAL, once, for every kind of unit: no call
+// waits for an answer that never comes, and the batcher goes on.
+TEST_F(BatcherTest, ExceptionWhileAUnitRunsIsAnsweredInternal) {
+  Start(false);
+  auto injected = []() -> bool { throw std::runtime_error("injected"); };
+  std::shared_ptr<Record> control = SubmitControlAt({.throws = true});
+  Wait(control);
+  EXPECT_EQ(control->status.code(), absl::StatusCode::kInternal) << control->status;
+  std::shared_ptr<Record> prefill = SubmitPrefill("p", Clock::time_point::max(), injected);
+  Wait(prefill);
+  EXPECT_EQ(prefill->status.code(), absl::StatusCode::kInternal) << prefill->status;
+  std::shared_ptr<Record> decode = SubmitDecodeAt({.sequence = "d", .cancelled = injected});
+  Wait(decode);
+  EXPECT_EQ(decode->status.code(), absl::StatusCode::kInternal) << decode->status;
+  std::shared_ptr<Record> after = SubmitDecode("after");
+  Wait(after);
+  EXPECT_TRUE(after->status.ok()) << after->status;
+  EXPECT_TRUE(batcher_->Drain(Clock::now() + std::chrono::seconds(5)));
+}
+
+// A completion that throws while the assembler answers expired requests (a bug
+// elsewhere) is logged; the assembler thread lives on (an exception leaving it would
+// end the process) and answers the other expired request too.
+TEST_F(BatcherTest, ThrowingCompletionOfAnExpiredRequestDoesNotStopTheAssembler) {
+  Start(false);
+  absl::Notification held, release;
+  std::shared_ptr<Record> hold = SubmitControl(&held, &release);
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(kWait));
+  // Both expired, taken together while the assembler is held; the first one throws.
+  std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest("x", 0);
+  DecodeWork thrower;
+  thrower.request = request.get();
+  thrower.key = "x";
+  thrower.deadline = Clock::now() - std::chrono::seconds(1);
+  thrower.done = [](const absl::Status&) { throw std::runtime_error("injected"); };
+  ASSERT_TRUE(batcher_->SubmitDecode(std::move(thrower)).ok());
+  std::shared_ptr<Record> expired = SubmitDecode("y", /*deadline_passed=*/true);
+  release.Notify();
+  Wait(hold);
+  Wait(expired);
+  EXPECT_EQ(expired->status.code(), absl::StatusCode::kDeadlineExceeded);
+  std::shared_ptr<Record> after = SubmitDecode("after");
+  Wait(after);
+  EXPECT_TRUE(after->status.ok()) << after->status;
 }
 
 }  // namespace
