@@ -31,11 +31,11 @@ struct DecodeWorkspace {
 
 // Which decode kernel LaunchDecode runs. kDefault: SDS_DECODE_KERNEL=v1|v2 from the
 // environment, read once per process (v1 when unset). v1: CTA per (request, KV head,
-// 512-index chunk); a request's chunks merge over distributed shared memory (clusters)
-// when the batch's longest list has 2..8 chunks, the grid has at most one CTA per SM and
-// the instance has the shared memory for it (not head_dim 256 with G > 8), else through
-// a global workspace (always with kV1GlobalMerge or SDS_DECODE_CLUSTER_MERGE=0; same bits
-// either way). v2: CTA per
+// 512-index chunk); a request's chunks merge in a cluster (the other chunks push their
+// partials into chunk 0's shared memory) when the batch's longest list has 2..8 chunks,
+// the grid has at most one CTA per SM (SDS_DECODE_CLUSTER_MERGE=2: any size) and its
+// clusters fit the GPU at once, else through a global workspace (always with
+// kV1GlobalMerge or SDS_DECODE_CLUSTER_MERGE=0; same bits either way). v2: CTA per
 // (request, KV heads group[, 64-index unit]), batch size picks the split (kV2Coarse /
 // kV2Fine force one, for tests and benchmarks).
 // v1 with G <= 8 gives each warp sequence a second warp for its P*V when the grid is

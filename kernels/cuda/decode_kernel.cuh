@@ -118,7 +118,10 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
           : DecodeRequestScalars{p.index_offset[b], p.page_table_offset[b],   p.topk[b],
                                  p.layer[b],        p.indices_per_kv_head[b], 0};
   const int topk = rq.topk;
-  const int num_chunks = topk > kChunk ? (topk + kChunk - 1) / kChunk : 1;
+  // At most the grid's max_chunks: a list longer than the launch's max_topk breaks
+  // LaunchDecode's precondition, and counting chunks no CTA runs would leave chunk 0
+  // waiting forever for their partials (a hung GPU instead of a wrong answer).
+  const int num_chunks = min(p.max_chunks, topk > kChunk ? (topk + kChunk - 1) / kChunk : 1);
   // Cluster merge: the other chunk CTAs push their partials into chunk 0's receive area
   // (after the layout of T, see DecodeTile), whose mbarrier chunk 0 initialises here and
   // arms with the bytes it will receive. Every CTA of the cluster arrives on the cluster

@@ -1,4 +1,6 @@
 // Dispatch of the sparse decode kernel over head_dim, group tile and scale mode.
+#include <atomic>
+
 #include "kernels/cuda/decode_kernel.cuh"
 #include "kernels/cuda/kernel_launch.h"
 
@@ -48,6 +50,38 @@ const KernelConfig& Configure() {
   return config;
 }
 
+// Clusters of `chunks` CTAs of this instance (with their receive area) that the GPU holds
+// at once, asked once per instance and cluster size (cudaOccupancyMaxActiveClusters);
+// 0 when the query fails, which turns the cluster merge off.
+template <int D, int kRows, bool kPerToken, bool kPvWarp, bool kQkAhead>
+int MaxActiveClusters(int chunks) {
+  constexpr int kStages = kLaunchStages<D, kPvWarp, kQkAhead>;
+  using T = DecodeTile<D, kRows, kPerToken, kStages, kPvWarp>;
+  static std::atomic<int> asked[T::kMaxClusterChunks + 1];  // clusters + 1; 0: not asked
+  int known = asked[chunks].load(std::memory_order_relaxed);
+  if (known > 0) return known - 1;
+  cudaLaunchConfig_t query = {};
+  query.gridDim = dim3(1, chunks, 1);
+  query.blockDim = dim3(T::kThreads);
+  query.dynamicSmemBytes = T::kSmemBytes + T::ClusterRecvBytes(chunks);
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = static_cast<unsigned>(chunks);
+  cluster.val.clusterDim.z = 1;
+  query.attrs = &cluster;
+  query.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(
+          &clusters, &SparseDecodeKernel<D, kRows, kPerToken, kStages, kPvWarp, kQkAhead>,
+          &query) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the launch goes on without clusters
+    clusters = 0;
+  }
+  asked[chunks].store(clusters + 1, std::memory_order_relaxed);
+  return clusters;
+}
+
 template <int D, int kRows, bool kPerToken, bool kPvWarp, bool kQkAhead = false>
 cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStream_t stream) {
   constexpr int kStages = kLaunchStages<D, kPvWarp, kQkAhead>;
@@ -59,18 +93,22 @@ cudaError_t Launch(DecodeParams params, int32_t num_requests, bool pdl, cudaStre
   const dim3 grid(params.num_kv_heads, params.max_chunks, num_requests);
   // Split requests merge in a cluster (chunk 0's shared memory receives the partials)
   // where the instance fits it, a cluster of max_chunks CTAs is portable (<= 8: top-K <=
-  // 4096) and the grid is at most one CTA per SM, if the caller allows. On the H200 the
-  // cluster merge took 1 request from 17.9 to 17.0 us but 64 x 2048 from 96 to 108 us and
-  // 8 requests from 25.3 to 25.8 (clusters constrain where CTAs run): bench/RESULTS.md.
-  // Same bits either way.
+  // 4096), the grid is at most one CTA per SM (cluster_merge 2: any size) and all its
+  // clusters fit the GPU at once (a second wave costs more than the merge saves), if the
+  // caller allows. Pushed into chunk 0, the merge took 1 request from 13.3-13.5 to
+  // 12.4-12.5 us on the H200; at 8 requests (two CTAs per SM) clusters cost 18 %
+  // (bench/RESULTS.md, session 11). Same bits either way.
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  params.cluster_merge = params.cluster_merge != 0 && T::kClusterMergeFits &&
-                         params.max_chunks >= 2 && params.max_chunks <= T::kMaxClusterChunks &&
-                         (ctas <= config.sms || params.cluster_merge == 2);
+  params.cluster_merge =
+      params.cluster_merge != 0 && T::kClusterMergeFits && params.max_chunks >= 2 &&
+      params.max_chunks <= T::kMaxClusterChunks &&
+      (ctas <= config.sms || params.cluster_merge == 2) &&
+      static_cast<int64_t>(grid.x) * grid.z <=
+          MaxActiveClusters<D, kRows, kPerToken, kPvWarp, kQkAhead>(params.max_chunks);
   cudaLaunchConfig_t launch = {};
   launch.gridDim = grid;
   launch.blockDim = dim3(T::kThreads);
-  // Cluster launches add chunk 0's receive area (every CTA gets it; one CTA per SM).
+  // Cluster launches add chunk 0's receive area (every CTA gets it).
   launch.dynamicSmemBytes =
       kSmem + (params.cluster_merge ? T::ClusterRecvBytes(params.max_chunks) : 0);
   launch.stream = stream;

@@ -218,11 +218,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DecodeBatchInvariance,
                            return KernelName(info.param);
                          });
 
-// v1 merges a request's chunks over distributed shared memory when the batch's longest
-// list has 2..8 chunks and the grid has at most one CTA per SM, else through the global
-// workspace. Both must give the same bits: a batch of 3 requests (at most 96 CTAs:
-// cluster on any sm_90 part with 96 SMs or more) either way, and a request alone (4
-// chunks: cluster) or beside a top-K 5000 list (10 chunks: global workspace).
+// v1 merges a request's chunks in a cluster (pushed into chunk 0's shared memory) when
+// the batch's longest list has 2..8 chunks and the grid has at most one CTA per SM, else
+// through the global workspace. Both must give the same bits: a batch of 3 requests (at most 96
+// CTAs: cluster on any sm_90 part with 96 SMs or more) either way, and a request alone (4 chunks:
+// cluster) or beside a top-K 5000 list (10 chunks: global workspace).
 TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
   const int sms = SmCount();
@@ -233,11 +233,11 @@ TEST(DecodeClusterMerge, SameBitsAsTheGlobalWorkspace) {
   };
   for (const Shape sh :
        {Shape{32, 8, 128, ScaleMode::kPerTensor}, Shape{64, 4, 64, ScaleMode::kPerTokenHead},
-        Shape{16, 2, 256, ScaleMode::kPerTensor}}) {
+        Shape{16, 2, 256, ScaleMode::kPerTensor}, Shape{32, 2, 256, ScaleMode::kPerTokenHead}}) {
     SCOPED_TRACE(testing::Message() << sh.hq << "/" << sh.hkv << " D" << sh.d);
     TestCache cache = BuildCache(2, sh.hkv, sh.d, 16, sh.mode, {6000, 700, 2500, 90}, 7);
     const RequestSpec target{0, 1, 1700, false, 4242};
-    // 4, 3 and 1 chunks (the one-chunk request passes the cluster barriers too).
+    // 4, 3 and 1 chunks (the one-chunk request's cluster has nothing to merge).
     const std::vector<RequestSpec> specs = {target, RequestSpec{2, 0, 1100, true, 601},
                                             RequestSpec{3, 1, 90, false, 602}};
     auto run = [&](const std::vector<RequestSpec>& batch_specs, DecodeKernel kernel,
