@@ -23,6 +23,15 @@ absl::Status Stopped() {
   return absl::UnavailableError("server is draining: the request was not run");
 }
 
+// Built once, on the first call (a Status with a message is a heap allocation, not to
+// be made per call on the decode path); copies only count a reference. Never destroyed:
+// no exit-time destructor.
+const absl::Status& QueueOutOfMemory() {
+  static const absl::Status* const status = new absl::Status(
+      absl::InternalError("internal error: out of memory while queueing the request"));
+  return *status;
+}
+
 // Answers requests that were taken from the queue but not run. A `done` that throws is
 // a bug; it is logged and the others are still answered.
 void AnswerAll(std::vector<DecodeWork>& works, const absl::Status& status) {
@@ -178,10 +187,10 @@ void Batcher::AddOutstanding(int64_t items) {
 
 std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works) {
   // Allocated before anything is queued: an item that cannot be pushed is refused with
-  // this instead of throwing while earlier items are already queued.
+  // `no_memory` (built by the first call only; its copies do not allocate) instead of
+  // throwing while earlier items are already queued.
   std::vector<absl::Status> status(works->size());
-  const absl::Status no_memory =
-      absl::InternalError("internal error: out of memory while queueing the request");
+  const absl::Status& no_memory = QueueOutOfMemory();
   bool wake = false;
   SubmitterRun claim;  // runs (if claimed) before this returns
   bool claimed = false;

@@ -51,20 +51,25 @@ Executor::~Executor() {
 
 void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items) {
   std::vector<absl::Status> status;
+  size_t finished = 0;
   absl::Status failed;
   try {
     status.resize(items.size());
-    RunBatch(staging, items, status);
+    RunBatch(staging, items, status, &finished);
   } catch (const std::exception& e) {
     // Only bad_alloc can get here. Every item is still answered, once: a request left
-    // unanswered would hang its caller until its deadline.
-    spdlog::critical("decode batch of {}: exception while running it: {}", items.size(), e.what());
+    // unanswered would hang its caller until its deadline. Those that RunBatch had
+    // finished get their own outcome (their tokens are in the cache); the rest INTERNAL,
+    // the one whose answer was being built included, though its token may be written
+    // (a retry with the same data rewrites it harmlessly).
+    spdlog::critical("decode batch of {}: exception while running it after {} answers: {}",
+                     items.size(), finished, e.what());
     failed =
         absl::InternalError(absl::StrCat("internal error while running the batch: ", e.what()));
   }
   for (size_t i = 0; i < items.size(); ++i) {
     try {
-      items[i].done(failed.ok()
+      items[i].done(failed.ok() || i < finished
                         ? ForCaller(status[i], items[i].key, items[i].request->sequence_id())
                         : failed);
     } catch (const std::exception& e) {
@@ -75,7 +80,7 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
 }
 
 void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
-                        std::vector<absl::Status>& status) {
+                        std::vector<absl::Status>& status, size_t* finished) {
   const Clock::time_point start = Clock::now();
   PagedKvCache& cache = backend_->cache();
   const int32_t n = static_cast<int32_t>(items.size());
@@ -168,6 +173,7 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
         oldest_wait = std::max(oldest_wait, start - item.enqueued);
       }
     }
+    *finished = static_cast<size_t>(i) + 1;  // status[i] is final, its answer encoded
   }
 
   if (rows > 0) {

@@ -27,8 +27,8 @@ class Executor {
   ~Executor();
 
   // `items[i]` was copied into row i of `staging` by the assembler. Answers every item
-  // exactly once (INTERNAL for all of them if running the batch throws); does not throw
-  // unless a completion's own failure handling does.
+  // exactly once (if running the batch throws: INTERNAL for each item not finished by
+  // then); does not throw unless a completion's own failure handling does.
   void RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items);
   // The prefill's new length, or why it failed (the caller answers `work.done`). Not run
   // when its deadline passed or its call was cancelled. May throw (bad_alloc).
@@ -37,9 +37,10 @@ class Executor {
  private:
   Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
   // RunDecodeBatch without the answers: `status[i]` is item i's outcome (OK: its answer
-  // is encoded). May throw (bad_alloc).
+  // is encoded). May throw (bad_alloc); `*finished` then says how many items, from the
+  // first, have their final outcome (written, answer encoded, or refused).
   void RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
-                std::vector<absl::Status>& status);
+                std::vector<absl::Status>& status, size_t* finished);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
 
   Backend* backend_;

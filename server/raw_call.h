@@ -8,7 +8,9 @@
 #pragma once
 
 #include <grpcpp/impl/codegen/proto_utils.h>  // SerializationTraits of protobuf messages
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/message_allocator.h>
 
 #include <cstddef>
 #include <exception>
@@ -38,6 +40,25 @@ inline absl::Status SerializeReply(const google::protobuf::MessageLite& message,
   return absl::InternalError(absl::StrCat("cannot serialize the response: ", s.error_message()));
 }
 
+// Frees the received message of a raw unary call (`received`, the handler's request)
+// now instead of when the call is done. gRPC keeps it until then, that is until the
+// answer is sent: a handler that parsed it into a message of its own (TypedCall) would
+// hold the request twice while it waits in the queue (2 x 128 MiB for a large prefill).
+// The one mutable handle gRPC gives to it is the call's message holder
+// (GetRpcAllocatorState, the MessageAllocator API), whose request() it is; the holder
+// destroys it when the call is done, and a cleared ByteBuffer destroys nothing. Frees
+// nothing and returns false when the holder does not hold `received` (a custom
+// allocator; a gRPC that keeps the message elsewhere). After a true, `received` is
+// empty: read nothing from it.
+inline bool ReleaseReceived(grpc::CallbackServerContext* context,
+                            const grpc::ByteBuffer* received) {
+  auto* holder = dynamic_cast<grpc::MessageHolder<grpc::ByteBuffer, grpc::ByteBuffer>*>(
+      context->GetRpcAllocatorState());
+  if (holder == nullptr || holder->request() != received) return false;
+  holder->request()->Clear();
+  return true;
+}
+
 // One call of a unary method whose messages protobuf parses and serializes whole
 // (GetModelInfo, CreateSequence, AppendKV, ForkSequence, ReleaseSequence), taken raw as
 // well: gRPC's typed deserialisation answers a malformed message INTERNAL with an empty
@@ -50,7 +71,8 @@ struct TypedCall {
   Response response;
 
   // INVALID_ARGUMENT when `received` is not a valid encoding of Request (truncated or
-  // corrupted bytes, a string field that is not UTF-8).
+  // corrupted bytes, a string field that is not UTF-8). `request` keeps nothing of
+  // `received` (protobuf copies the bytes fields), so it may be released after this.
   absl::Status Parse(const grpc::ByteBuffer& received) {
     grpc::ByteBuffer view(received);  // shares the slices; the reader consumes its own
     grpc::ProtoBufferReader reader(&view);

@@ -60,7 +60,8 @@ grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Metrics* m
 }
 
 // A unary method parsed whole by protobuf (TypedCall, raw_call.h): Serve, then the
-// request is parsed (a malformed one is answered INVALID_ARGUMENT and counted), then
+// request is parsed (a malformed one is answered INVALID_ARGUMENT and counted) and the
+// received bytes freed (the parsed request is a copy), then
 // `body(tenant, request, response, finish)`; `finish(OK)` sends the serialized response.
 // Request and response live until the last copy of `finish` is gone.
 template <typename Request, typename Response, typename Body>
@@ -71,7 +72,10 @@ grpc::ServerUnaryReactor* ServeTyped(grpc::CallbackServerContext* context, Metri
   return Serve(context, metrics, rpc, tenant,
                [&](const std::string& tenant_id, const Finisher& finished) {
                  auto call = std::make_shared<TypedCall<Request, Response>>();
-                 if (absl::Status s = call->Parse(*wire); !s.ok()) return finished(s);
+                 const absl::Status parsed = call->Parse(*wire);
+                 // Not read again: the request may wait in the queue for long.
+                 ReleaseReceived(context, wire);
+                 if (!parsed.ok()) return finished(parsed);
                  auto finish = [finished, call, reply](const absl::Status& s) {
                    finished(s.ok() ? call->Reply(reply) : s);
                  };

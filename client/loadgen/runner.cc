@@ -21,8 +21,11 @@ struct Runner::Worker {
   // so that the runner can cancel it (CancelStreams) while the worker is blocked in it.
   std::mutex stream_mu;
   std::unique_ptr<client::DecodeStream> stream;
-  bool stream_cancelled = false;           // by the runner; guarded by stream_mu
-  std::atomic<int64_t> stream_call_ns{0};  // start of the stream call in flight; 0: none
+  bool stream_cancelled = false;  // by the runner; guarded by stream_mu
+  // Start of the stream call in flight; 0: none. Set by the worker alone; reset by it
+  // under stream_mu once the call returned, which is how it claims the call back from
+  // CancelStreams (which reads it under stream_mu too).
+  std::atomic<int64_t> stream_call_ns{0};
 };
 
 namespace {
@@ -87,7 +90,7 @@ RunResult Runner::Run() {
   if (config_.rate > 0) scheduler = std::thread([this] { Scheduler(); });
 
   RunResult result;
-  Clock::time_point stop_time;
+  Clock::time_point stop_time;  // the last check's time: when the run was decided over
   while (true) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const auto now = Clock::now();
@@ -111,9 +114,12 @@ RunResult Runner::Run() {
   if (scheduler.joinable()) scheduler.join();
   StopWorkers(threads, result.aborted);
   for (auto& w : workers_) result.stats.Merge(std::move(w->stats));
-  // What is still queued was due by the stop and never sent. The scheduler and the
+  // What is still queued and was due by the stop was never sent. Later ones are not part
+  // of the run: the scheduler, which does not wait for the lock, may queue arrivals due
+  // between the last check (stop_time) and stop_ being set. The scheduler and the
   // workers are joined: no lock needed.
   for (const Clock::time_point t : tickets_) {
+    if (t > stop_time) continue;
     ++result.not_sent;
     if (Measured(t)) {
       result.not_sent_charged.push_back({Micros(t - measure_start_), Micros(stop_time - t)});
@@ -253,12 +259,20 @@ absl::StatusOr<client::DecodeOutput> Runner::StreamCall(Worker* w) {
   }
   w->stream_call_ns = Clock::now().time_since_epoch().count();
   auto r = w->stream->Call(w->inputs[0], std::chrono::milliseconds(config_.timeout_ms));
-  w->stream_call_ns = 0;
-  if (r.ok()) return r;
+  if (after_stream_call_for_test_) after_stream_call_for_test_();
   bool cancelled;
   {
+    // Claims the call back: from here CancelStreams sees no call in flight, and before
+    // here it may have cancelled the stream, even after the call returned.
     std::lock_guard<std::mutex> lock(w->stream_mu);
+    w->stream_call_ns = 0;
     cancelled = w->stream_cancelled;
+  }
+  if (r.ok()) {
+    // Answered in time for its Receive, though the stream was cancelled (the Send was
+    // slow, or the run is ending): the answer counts, the stream is of no further use.
+    if (cancelled) ReplaceStream(w, nullptr);
+    return r;
   }
   // A broken, stuck or cancelled stream is replaced; a request that failed alone is not.
   if (cancelled || !w->stream->status().ok() ||

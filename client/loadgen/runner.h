@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -42,6 +43,12 @@ class Runner {
          const Workload& workload);
   ~Runner();
   RunResult Run();
+
+  // Test seam: called by a worker right after each stream call returns, before it
+  // claims the call back from the stream canceller. Set before Run.
+  void SetAfterStreamCallForTest(std::function<void()> hook) {
+    after_stream_call_for_test_ = std::move(hook);
+  }
 
  private:
   struct Worker;
@@ -82,6 +89,7 @@ class Runner {
   std::condition_variable cv_;
   std::deque<Clock::time_point> tickets_;
   bool generation_done_ = false;
+  std::function<void()> after_stream_call_for_test_;
 };
 
 }  // namespace sds::loadgen

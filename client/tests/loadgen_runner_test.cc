@@ -2,8 +2,10 @@
 // and that stopping cannot hang on a stream the server does not read.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -85,6 +87,22 @@ class FlakyService final : public v1::DecodeService::CallbackService {
   std::atomic<int64_t> first_call_ns_{0};
 };
 
+// The echo server, counting the DecodeStream calls opened.
+class CountingEchoService final : public v1::DecodeService::CallbackService {
+ public:
+  explicit CountingEchoService(const v1::ModelInfo& info) : echo_(info) {}
+  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
+      grpc::CallbackServerContext* ctx) override {
+    ++streams_;
+    return echo_.DecodeStream(ctx);
+  }
+
+  std::atomic<int64_t> streams_{0};
+
+ private:
+  bench::EchoService echo_;
+};
+
 class RunnerTest : public ::testing::Test {
  protected:
   void Start(grpc::Service* service, const client::Shape& shape, bool small_windows = false) {
@@ -115,8 +133,10 @@ class RunnerTest : public ::testing::Test {
 
   // Runs the Runner; a run that has not returned after `limit` fails the test, and the
   // server's shutdown (which cancels its calls) then frees it.
-  RunResult RunWithin(std::chrono::seconds limit, Clock::duration* took) {
+  RunResult RunWithin(std::chrono::seconds limit, Clock::duration* took,
+                      std::function<void()> after_stream_call = nullptr) {
     Runner runner(config_, clients_, *workload_);
+    runner.SetAfterStreamCallForTest(std::move(after_stream_call));
     const auto start = Clock::now();
     auto result = std::async(std::launch::async, [&runner] { return runner.Run(); });
     if (result.wait_for(limit) != std::future_status::ready) {
@@ -153,6 +173,32 @@ TEST_F(RunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
   ASSERT_GT(r.stats.errors["DEADLINE_EXCEEDED"], 0) << "errors: " << r.stats.errors.size();
   EXPECT_NE(r.stats.error_examples["DEADLINE_EXCEEDED"].find("stream cancelled"), std::string::npos)
       << r.stats.error_examples["DEADLINE_EXCEEDED"];
+}
+
+// A stream call that returned its answer but ran past --timeout_ms + slack before the
+// worker took it back (held here in the test seam) has its stream cancelled by the
+// runner: the answer counts, and the cancelled stream is replaced before the next
+// call, which would fail on it.
+TEST_F(RunnerTest, StreamCancelledAfterItsCallSucceededIsReplacedWithoutAnError) {
+  const client::Shape shape{8, 2, 16};
+  CountingEchoService service(Info(shape));
+  config_.mode = Mode::kStream;
+  config_.mode_name = "stream";
+  config_.concurrency = 1;
+  config_.warmup_s = 0;
+  config_.duration_s = 0.8;
+  config_.timeout_ms = 50;  // the runner cancels calls older than 150 ms
+  Start(&service, shape);
+  std::atomic<bool> first{true};
+  Clock::duration took;
+  RunResult r = RunWithin(std::chrono::seconds(20), &took, [&first] {
+    // The runner checks every 20 ms: it cancels the stream during this wait.
+    if (first.exchange(false)) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  });
+  EXPECT_TRUE(r.stats.errors.empty())
+      << r.stats.errors.begin()->first << ": " << r.stats.error_examples.begin()->second;
+  EXPECT_GT(r.stats.calls.size(), 1u);
+  EXPECT_GE(service.streams_.load(), 2) << "the first stream was not cancelled and replaced";
 }
 
 TEST_F(RunnerTest, WarmUpErrorsAreNotCounted) {

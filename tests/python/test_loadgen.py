@@ -143,9 +143,10 @@ class LoadgenTest(unittest.TestCase):
         out_dir = os.path.join(work, "out")
         os.makedirs(out_dir)
         case = "echo_small_stream1"
+        # A passing run's numbers with a marker no loadgen writes: a fresh file lacks it.
         stale = {"label": "stale", "calls_ok": 1, "errors_total": 0, "token_layers_per_s": 1e9,
                  "latency_us": {"p99": 1}, "server_queue_us": {"p99": 1},
-                 "server_compute_us": {"p99": 1}}
+                 "server_compute_us": {"p99": 1}, "stale_marker": True}
         env = dict(os.environ, OUT_DIR=out_dir, SHAPES="small", STREAMS="1", BATCHES="",
                    LAYERS="2", PREFILL="64", DURATION_S="0.3", WARMUP_S="0.1",
                    CPU_THREADS="1")
@@ -176,10 +177,12 @@ class LoadgenTest(unittest.TestCase):
                     capture_output=True, text=True, timeout=240, env=env)
                 if real_loadgen:
                     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-                    with open(os.path.join(out_dir, f"{case}.json")) as f:
-                        s = json.load(f)
-                    self.assertEqual(s["label"], case)
-                    self.assertGreater(s["calls_ok"], 0)
+                    for c in (case, "server_small_stream1"):
+                        with open(os.path.join(out_dir, f"{c}.json")) as f:
+                            s = json.load(f)
+                        self.assertNotIn("stale_marker", s, f"{c}.json is the stale file")
+                        self.assertEqual(s["label"], c)
+                        self.assertGreater(s["calls_ok"], 0)
                     self.assertNotIn("1000000000", proc.stdout)  # the stale throughput
                 else:
                     self.assertNotEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
