@@ -9,6 +9,7 @@
 
 #include "bench/e2e/echo_service.h"
 #include "client/decode_client.h"
+#include "client/tests/never_read_service.h"
 
 namespace sds::client {
 namespace {
@@ -192,23 +193,8 @@ TEST(Metadata, TenantAndBearerAreSent) {
   server->Shutdown(std::chrono::system_clock::now());
 }
 
-// Accepts DecodeStream calls and never reads them.
-class NeverReadService final : public v1::DecodeService::CallbackService {
-  class Stuck final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
-   public:
-    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
-    void OnDone() override { delete this; }
-  };
-
- public:
-  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
-      grpc::CallbackServerContext*) override {
-    return new Stuck();
-  }
-};
-
 TEST(Deadlines, CancelEndsASendBlockedInWrite) {
-  NeverReadService service;
+  client_test::NeverReadService service;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -14,6 +14,7 @@
 #include "client/decode_client.h"
 #include "client/loadgen/runner.h"
 #include "client/loadgen/workload.h"
+#include "client/tests/never_read_service.h"
 
 namespace sds::loadgen {
 namespace {
@@ -29,23 +30,6 @@ v1::ModelInfo Info(const client::Shape& shape) {
   info.set_head_dim(shape.head_dim);
   return info;
 }
-
-// Accepts DecodeStream calls and never reads them: once the stream's flow-control window
-// is full, the client's Write blocks, and nothing but a cancel ends it. (Started with
-// small windows: gRPC's defaults let several MB through first.)
-class NeverReadService final : public v1::DecodeService::CallbackService {
-  class Stuck final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
-   public:
-    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
-    void OnDone() override { delete this; }
-  };
-
- public:
-  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
-      grpc::CallbackServerContext*) override {
-    return new Stuck();
-  }
-};
 
 // Decode fails (UNAVAILABLE) during the first `fail_for` after the first call, then
 // answers like the echo server; DecodeBatch always fails as a whole.
@@ -158,7 +142,7 @@ TEST_F(RunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
   // [32, 1024] bf16 q and gate: ~150 KB requests, more than the 64 KiB a stream may send
   // before its server reads.
   const client::Shape shape{32, 4, 1024};
-  NeverReadService service;
+  client_test::NeverReadService service;
   config_.mode = Mode::kStream;
   config_.mode_name = "stream";
   config_.concurrency = 2;

@@ -16,17 +16,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "server/backend.h"
 #include "server/batcher.h"
-#include "server/executor.h"
-#include "server/metrics.h"
-#include "server/model_shape.h"
 #include "server/response_wire.h"
-#include "server/staging.h"
 #include "sparse_decode/v1/decode.pb.h"
+#include "tests/unit_server/cpu_stack.h"
 
 namespace sds::server {
 namespace {
@@ -87,41 +84,16 @@ struct Record {
 class BatcherTest : public ::testing::Test {
  protected:
   void Start(bool run_on_submitter, std::chrono::microseconds idle_spin = {}) {
-    // One layer, 2 query heads on 1 KV head, D 64; one CPU thread.
-    const BackendConfig config = {.cache = {.num_layers = 1,
-                                            .num_kv_heads = 1,
-                                            .head_dim = 64,
-                                            .page_size = 16,
-                                            .num_pages = 64,
-                                            .scale_mode = ScaleMode::kPerTensor,
-                                            .layer_k_scales = {},
-                                            .layer_v_scales = {}},
-                                  .num_q_heads = 2,
-                                  .max_batch_size = 8,
-                                  .max_topk = 16,
-                                  .cpu_threads = 1};
-    model_ = {1, 2, 1, 64, 16};
-    auto backend = CreateCpuBackend(config);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = *std::move(backend);
-    metrics_ = std::make_unique<Metrics>(BuildInfo{});
-    auto executor = Executor::Create(backend_.get(), metrics_.get(), model_);
-    ASSERT_TRUE(executor.ok()) << executor.status();
-    executor_ = *std::move(executor);
-    std::vector<std::unique_ptr<StagingBuffer>> staging;
-    for (int i = 0; i < 2; ++i) {
-      auto buffer = StagingBuffer::Create(backend_.get(), model_, config.max_batch_size);
-      ASSERT_TRUE(buffer.ok()) << buffer.status();
-      staging.push_back(*std::move(buffer));
-    }
+    const absl::Status built = stack_.Init();
+    ASSERT_TRUE(built.ok()) << built;
     BatcherOptions options;
-    options.max_batch_size = config.max_batch_size;
+    options.max_batch_size = stack_.config.max_batch_size;
     options.max_queue_delay = std::chrono::milliseconds(50);
     options.eager = true;
     options.run_on_submitter = run_on_submitter;
     options.idle_spin = idle_spin;
     options.after_unit_release_for_test = after_unit_release_;
-    batcher_ = std::make_unique<Batcher>(options, executor_.get(), std::move(staging));
+    batcher_ = std::make_unique<Batcher>(options, stack_.executor.get(), stack_.TakeStaging());
     batcher_->Start();
   }
 
@@ -157,7 +129,7 @@ class BatcherTest : public ::testing::Test {
   // A decode at `position` of `sequence`, attending to the new token only.
   std::shared_ptr<Record> SubmitDecodeAt(const DecodeSpec& spec) {
     if (spec.position == 0) {
-      EXPECT_TRUE(backend_->cache().CreateSequence(spec.sequence, 0).ok());
+      EXPECT_TRUE(stack_.backend->cache().CreateSequence(spec.sequence, 0).ok());
     }
     std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest(spec.sequence, spec.position);
     auto response = std::make_shared<v1::DecodeResponse>();
@@ -188,7 +160,7 @@ class BatcherTest : public ::testing::Test {
   std::shared_ptr<Record> SubmitPrefill(const std::string& sequence,
                                         Clock::time_point deadline = Clock::time_point::max(),
                                         std::function<bool()> cancelled = {}) {
-    EXPECT_TRUE(backend_->cache().CreateSequence(sequence, 0).ok());
+    EXPECT_TRUE(stack_.backend->cache().CreateSequence(sequence, 0).ok());
     auto request = std::make_shared<v1::AppendKVRequest>();
     request->set_sequence_id(sequence);
     SetZeros(request->mutable_k(), {2, 1, 64}, 2);
@@ -266,10 +238,7 @@ class BatcherTest : public ::testing::Test {
     Wait(hold);
   }
 
-  ModelShape model_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<Executor> executor_;
+  server_test::CpuStack stack_;
   std::unique_ptr<Batcher> batcher_;
 };
 
@@ -534,7 +503,7 @@ TEST_F(BatcherTest, NoClaimWhileTheAssemblerHoldsABatch) {
 // always gives back its staging buffer and the "a unit runs" mark.
 TEST_F(BatcherTest, ThrowingCompletionInAClaimedBatchDoesNotWedgeTheBatcher) {
   Start(true);
-  ASSERT_TRUE(backend_->cache().CreateSequence("g", 0).ok());
+  ASSERT_TRUE(stack_.backend->cache().CreateSequence("g", 0).ok());
   std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest("g", 0);
   auto response = std::make_shared<v1::DecodeResponse>();
   auto encoded = std::make_shared<EncodedResponse>();
@@ -597,7 +566,7 @@ TEST_F(BatcherTest, PrefillWhoseCallerGaveUpWritesNothing) {
   Wait(expired);
   EXPECT_EQ(expired->status.code(), absl::StatusCode::kDeadlineExceeded) << expired->status;
   for (const char* id : {"c", "e"}) {
-    absl::StatusOr<int64_t> length = backend_->cache().Length(id, 0);
+    absl::StatusOr<int64_t> length = stack_.backend->cache().Length(id, 0);
     ASSERT_TRUE(length.ok()) << length.status();
     EXPECT_EQ(*length, 0) << id << ": the refused prefill wrote tokens";
   }

@@ -10,15 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
-#include "server/backend.h"
 #include "server/batcher.h"
-#include "server/executor.h"
-#include "server/metrics.h"
-#include "server/model_shape.h"
 #include "server/service.h"
-#include "server/staging.h"
 #include "sparse_decode/v1/decode.grpc.pb.h"
+#include "tests/unit_server/cpu_stack.h"
 
 namespace sds::server {
 namespace {
@@ -71,42 +68,17 @@ class HeldWatcherFactory final : public exp::ServerInterceptorFactoryInterface {
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // One layer, 2 query heads on 1 KV head, D 64; one CPU thread.
-    const BackendConfig config = {.cache = {.num_layers = 1,
-                                            .num_kv_heads = 1,
-                                            .head_dim = 64,
-                                            .page_size = 16,
-                                            .num_pages = 64,
-                                            .scale_mode = ScaleMode::kPerTensor,
-                                            .layer_k_scales = {},
-                                            .layer_v_scales = {}},
-                                  .num_q_heads = 2,
-                                  .max_batch_size = 8,
-                                  .max_topk = 16,
-                                  .cpu_threads = 1};
-    const ModelShape model = {1, 2, 1, 64, 16};
-    auto backend = CreateCpuBackend(config);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = *std::move(backend);
-    metrics_ = std::make_unique<Metrics>(BuildInfo{});
-    auto executor = Executor::Create(backend_.get(), metrics_.get(), model);
-    ASSERT_TRUE(executor.ok()) << executor.status();
-    executor_ = *std::move(executor);
-    std::vector<std::unique_ptr<StagingBuffer>> staging;
-    for (int i = 0; i < 2; ++i) {
-      auto buffer = StagingBuffer::Create(backend_.get(), model, config.max_batch_size);
-      ASSERT_TRUE(buffer.ok()) << buffer.status();
-      staging.push_back(*std::move(buffer));
-    }
+    const absl::Status built = stack_.Init();
+    ASSERT_TRUE(built.ok()) << built;
     BatcherOptions options;
-    options.max_batch_size = config.max_batch_size;
-    batcher_ = std::make_unique<Batcher>(options, executor_.get(), std::move(staging));
+    options.max_batch_size = stack_.config.max_batch_size;
+    batcher_ = std::make_unique<Batcher>(options, stack_.executor.get(), stack_.TakeStaging());
     batcher_->Start();
     ServiceConfig service_config;
-    service_config.model = model;
-    service_config.info.set_page_size(config.cache.page_size);
-    service_ = std::make_unique<DecodeServiceImpl>(service_config, backend_.get(), batcher_.get(),
-                                                   metrics_.get());
+    service_config.model = stack_.model;
+    service_config.info.set_page_size(stack_.config.cache.page_size);
+    service_ = std::make_unique<DecodeServiceImpl>(service_config, stack_.backend.get(),
+                                                   batcher_.get(), stack_.metrics.get());
 
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
@@ -131,9 +103,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   HeldAtStatus held_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<Executor> executor_;
+  server_test::CpuStack stack_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<DecodeServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
