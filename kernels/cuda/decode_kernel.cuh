@@ -852,6 +852,19 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   // Merge factors of the merging CTA at ring start (the sequences' outputs are consumed).
   float* cf = reinterpret_cast<float*>(smem);
   using MergeFloats = typename FinishVec<kDecodeFinishWidth<T::kThreads>>::Floats;
+  // This chunk's partial into part [G][D] and its statistics {max_s, max_u, l, 0} into
+  // stat [G][kDecodeStatFloats] (chunk 0's own slot, or the global workspace).
+  auto store_partial = [&](float* part, float* stat) {
+    for (int e = tid; e < G * D; e += T::kThreads) part[e] = chunk_value(e / D, e % D);
+    if (tid < G) {
+      const float* hp = head + tid * (4 + kDecodeWarps);
+      float* sp = stat + tid * kDecodeStatFloats;
+      sp[0] = hp[0];
+      sp[1] = hp[1];
+      sp[2] = hp[2];
+      sp[3] = 0.0f;
+    }
+  };
   if (cluster_merge) {
     if (chunk != 0) {
       // Push into chunk 0's slot `chunk`: no fence and no wait for chunk 0; its mbarrier
@@ -871,15 +884,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
       }
       return;
     }
-    for (int e = tid; e < G * D; e += T::kThreads) recv_part[e] = chunk_value(e / D, e % D);
-    if (tid < G) {
-      const float* hp = head + tid * (4 + kDecodeWarps);
-      float* sp = recv_stats + tid * kDecodeStatFloats;
-      sp[0] = hp[0];
-      sp[1] = hp[1];
-      sp[2] = hp[2];
-      sp[3] = 0.0f;
-    }
+    store_partial(recv_part, recv_stats);
     ClusterWait();                     // pairs this CTA's arrive (long since complete)
     MbarrierWaitCluster(recv_bar, 0);  // every other chunk's bytes have landed
     __syncthreads();                   // and slot 0 is written
@@ -898,17 +903,7 @@ __global__ void __launch_bounds__(kDecodeThreads*(kPvWarp ? 2 : 1),
   const int64_t pair = static_cast<int64_t>(b) * hkv + kvh;
   float* po = p.partial_o + (pair * p.max_chunks) * G * D;                      // [chunks][G][D]
   float* ps = p.partial_stats + (pair * p.max_chunks) * G * kDecodeStatFloats;  // [chunks][G][4]
-  float* part_out = po + static_cast<int64_t>(chunk) * G * D;
-  float* stat_out = ps + chunk * G * kDecodeStatFloats;
-  for (int e = tid; e < G * D; e += T::kThreads) part_out[e] = chunk_value(e / D, e % D);
-  if (tid < G) {
-    const float* hp = head + tid * (4 + kDecodeWarps);
-    float* sp = stat_out + tid * kDecodeStatFloats;
-    sp[0] = hp[0];
-    sp[1] = hp[1];
-    sp[2] = hp[2];
-    sp[3] = 0.0f;
-  }
+  store_partial(po + static_cast<int64_t>(chunk) * G * D, ps + chunk * G * kDecodeStatFloats);
   __threadfence();
   __syncthreads();
   int* last_flag = reinterpret_cast<int*>(smem + T::kFlagOffset);
