@@ -49,11 +49,12 @@ for bin in "$LOADGEN" "$ECHO" "$SERVER"; do
 done
 mkdir -p "$OUT_DIR"
 rm -f "$OUT_DIR/summary.md"
-# Plots need gnuplot; without it the run goes on without them, saying so.
+# Plots need gnuplot; without it (the GPU host) each case writes the plots' data and
+# gnuplot script only, to render elsewhere (`gnuplot <case>_plots.gp`), saying so.
 PLOT=1
 if ! command -v gnuplot >/dev/null; then
   PLOT=0
-  echo "run_e2e_bench: WARNING: no gnuplot: no PNG plots this run" >&2
+  echo "run_e2e_bench: WARNING: no gnuplot: plot data and scripts only, no PNGs this run" >&2
 fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -76,8 +77,8 @@ run() {  # name target pid extra-flags...
   # An earlier run's files must not pass for this run's.
   rm -f "$OUT_DIR/$name.json" "$OUT_DIR/$name.txt" "$OUT_DIR/${name}_latency_time.png" \
     "$OUT_DIR/${name}_latency_dist.png" "$OUT_DIR/${name}"_*.dat "$OUT_DIR/${name}_plots.gp"
-  local plot=()
-  if ((PLOT)); then plot=(--plot_prefix="$OUT_DIR/$name"); fi
+  local plot=(--plot_prefix="$OUT_DIR/$name")
+  if ((!PLOT)); then plot+=(--plot_render=false); fi
   if ! "$LOADGEN" --target="$target" --prefill_len="$PREFILL" --topk="$TOPK" \
       --duration_s="$DURATION_S" --warmup_s="$WARMUP_S" --timeout_ms="$TIMEOUT_MS" \
       --label="$name" --json_out="$OUT_DIR/$name.json" "${plot[@]}" "$@" \
@@ -87,7 +88,11 @@ run() {  # name target pid extra-flags...
   fi
   kill -0 "$pid" 2>/dev/null || { echo "run_e2e_bench: FAILED: server died during $name" >&2; exit 1; }
   local want=("$OUT_DIR/$name.json")
-  if ((PLOT)); then want+=("$OUT_DIR/${name}_latency_time.png" "$OUT_DIR/${name}_latency_dist.png"); fi
+  if ((PLOT)); then
+    want+=("$OUT_DIR/${name}_latency_time.png" "$OUT_DIR/${name}_latency_dist.png")
+  else
+    want+=("$OUT_DIR/${name}_plots.gp" "$OUT_DIR/${name}_latency_dist.dat")
+  fi
   for f in "${want[@]}"; do
     [[ -s $f ]] || { echo "run_e2e_bench: FAILED: $name did not write $f" >&2; exit 1; }
   done

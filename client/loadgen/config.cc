@@ -31,7 +31,11 @@ ABSL_FLAG(std::string, token, "", "bearer token (authorization metadata)");
 ABSL_FLAG(std::string, label, "", "free text copied into the JSON");
 ABSL_FLAG(std::string, json_out, "", "write the summary as JSON here");
 ABSL_FLAG(std::string, plot_prefix, "",
-          "write <prefix>_latency_time.png and <prefix>_latency_dist.png (gnuplot)");
+          "write <prefix>_latency_time.png and <prefix>_latency_dist.png (gnuplot), from "
+          "<prefix>_*.dat and <prefix>_plots.gp");
+ABSL_FLAG(bool, plot_render, true,
+          "run gnuplot on the plot script; false: write the data and the script only (a "
+          "host without gnuplot; render elsewhere with `gnuplot <prefix>_plots.gp`)");
 ABSL_FLAG(bool, release, true, "release the sequences at the end");
 
 namespace sds::loadgen {
@@ -72,6 +76,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.label = absl::GetFlag(FLAGS_label);
   c.json_out = absl::GetFlag(FLAGS_json_out);
   c.plot_prefix = absl::GetFlag(FLAGS_plot_prefix);
+  c.plot_render = absl::GetFlag(FLAGS_plot_render);
   c.release = absl::GetFlag(FLAGS_release);
   if (c.concurrency < 1 || c.channels < 1 || c.batch_size < 1 || c.topk < 1 || c.prefill_len < 1 ||
       c.prefill_chunk < 1 || c.max_new_tokens < 1 || c.timeout_ms < 1) {

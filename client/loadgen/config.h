@@ -36,7 +36,8 @@ struct Config {
   std::string label;
   std::string json_out;
   std::string plot_prefix;
-  bool release = true;  // release the sequences at the end
+  bool plot_render = true;  // false: the plots' data and gnuplot script, no PNGs
+  bool release = true;      // release the sequences at the end
 
   int SequencesPerWorker() const { return mode == Mode::kBatch ? batch_size : 1; }
   int NumSequences() const { return concurrency * SequencesPerWorker(); }

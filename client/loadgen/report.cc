@@ -230,6 +230,7 @@ absl::Status WritePlots(const std::string& prefix, const Config& c, const RunRes
     g << "plot '" << dist_dat << "' using 3:1 with lines lw 2 title 'client latency'\n";
     if (absl::Status st = written(g, gp); !st.ok()) return st;
   }
+  if (!c.plot_render) return absl::OkStatus();
   const std::string cmd = absl::StrCat("gnuplot '", gp, "'");
   if (std::system(cmd.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("gnuplot failed (is it installed?): ", cmd));

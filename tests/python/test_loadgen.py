@@ -135,6 +135,26 @@ class LoadgenTest(unittest.TestCase):
                 self.assertIn("was not written", proc.stderr)
                 self.assertIn("client latency", proc.stdout)  # the table still printed
 
+    def test_plot_data_without_rendering(self):
+        # A host without gnuplot (the GPU machine) writes the plots' data and script only,
+        # and that is a success: they are rendered elsewhere with `gnuplot <prefix>_plots.gp`.
+        server = self.echo()
+        out = tempfile.mkdtemp(prefix="lgplots_")
+        self.addCleanup(shutil.rmtree, out, ignore_errors=True)
+        prefix = os.path.join(out, "run")
+        no_gnuplot = dict(os.environ, PATH=tempfile.mkdtemp(prefix="lgpath_"))
+        proc = subprocess.run(
+            [ARGS.loadgen, f"--target={server.address}", "--prefill_len=32", "--topk=16",
+             "--mode=unary", "--duration_s=0.3", "--warmup_s=0", f"--plot_prefix={prefix}",
+             "--plot_render=false"],
+            capture_output=True, text=True, timeout=60, env=no_gnuplot)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        for suffix in ("_plots.gp", "_latency_time.dat", "_latency_dist.dat"):
+            self.assertGreater(os.path.getsize(prefix + suffix), 0, suffix)
+        self.assertFalse(os.path.exists(prefix + "_latency_dist.png"))
+        with open(prefix + "_plots.gp") as f:
+            self.assertIn(prefix + "_latency_dist.dat", f.read())
+
     def test_e2e_script_reads_only_this_runs_outputs(self):
         if not ARGS.decode_server or not os.path.exists(ARGS.decode_server):
             self.skipTest("decode_server not built")
