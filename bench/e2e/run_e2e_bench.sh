@@ -153,4 +153,8 @@ for n in names:
           f"{s['latency_us']['p99']} | {s['latency_us']['p99'] / max(e['latency_us']['p99'], 1):.1f} | "
           f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} |")
 PY
-echo "run_e2e_bench: results in $OUT_DIR (JSON, tables, PNG plots)" >&2
+if ((PLOT)); then
+  echo "run_e2e_bench: results in $OUT_DIR (JSON, tables, PNG plots)" >&2
+else
+  echo "run_e2e_bench: results in $OUT_DIR (JSON, tables, plot data: gnuplot <case>_plots.gp)" >&2
+fi
