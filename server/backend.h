@@ -14,6 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 #include "kernels/decode_params.h"
 #include "paged_cache/paged_kv_cache.h"
 
@@ -54,7 +56,8 @@ class Backend {
   // Host memory for staging (pinned on CUDA). Freed with FreeStaging.
   virtual void* AllocateStaging(size_t bytes) = 0;
   virtual void FreeStaging(void* ptr) = 0;
-  // Runs the work synchronously. Errors are INTERNAL (a bug or a device fault).
+  // Runs the work synchronously. Errors are INTERNAL (a bug or a device fault), or
+  // BackendLostError when the backend can run nothing any more.
   virtual absl::Status Run(const BatchWork& work, BatchTiming* timing) = 0;
   // A hint from the request path that a batch is on its way (a DecodeBatch message is
   // being checked and staged): a backend with idle threads may wake them now, so that
@@ -63,6 +66,22 @@ class Backend {
   // Default: nothing.
   virtual void Prewake(int64_t /*gathered_rows*/) {}
 };
+
+// A Run error after which the backend can run nothing again: the CUDA context is lost to
+// a sticky device fault (an illegal address, a failed launch, an uncorrectable ECC
+// error), so every later batch would fail too. UNAVAILABLE, marked by a payload; the
+// server then stops serving and exits non-zero for its supervisor to restart it (a
+// process that answered every request with an error while its health check said
+// SERVING would never be replaced).
+inline constexpr char kBackendLostPayload[] = "type.googleapis.com/sds.BackendLost";
+inline absl::Status BackendLostError(absl::string_view message) {
+  absl::Status status = absl::UnavailableError(message);
+  status.SetPayload(kBackendLostPayload, absl::Cord("lost"));
+  return status;
+}
+inline bool IsBackendLost(const absl::Status& status) {
+  return status.GetPayload(kBackendLostPayload).has_value();
+}
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& config);
 // Defined only when built with CUDA (SDS_HAVE_CUDA). UNAVAILABLE without a GPU.

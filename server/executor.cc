@@ -27,6 +27,21 @@ Executor::Executor(Backend* backend, Metrics* metrics, const ModelShape& model)
       model_(model),
       page_size_(backend->cache().config().page_size) {}
 
+absl::Status Executor::BackendFailure(const absl::Status& run_status, absl::string_view what) {
+  if (!IsBackendLost(run_status)) {
+    return absl::InternalError(absl::StrCat(what, ": ", run_status.message()));
+  }
+  if (!backend_lost_.exchange(true)) {
+    spdlog::critical("the {} backend is lost: {}; nothing can run until the process restarts",
+                     backend_->name(), run_status.ToString());
+    if (on_backend_lost_) on_backend_lost_(run_status);
+  }
+  return absl::UnavailableError(
+      absl::StrCat("the server's ", backend_->name(),
+                   " backend failed and the server is stopping (retry on another replica): ",
+                   run_status.message()));
+}
+
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend* backend, Metrics* metrics,
                                                            const ModelShape& model) {
   std::unique_ptr<Executor> ex(new Executor(backend, metrics, model));
@@ -156,8 +171,7 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
     if (row_of[i] >= 0) {
       const v1::DecodeRequest& req = *item.request;
       if (!run_status.ok()) {
-        status[i] = absl::InternalError(
-            absl::StrCat("backend failed to run the batch: ", run_status.message()));
+        status[i] = BackendFailure(run_status, "backend failed to run the batch");
       } else {
         status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1);
       }
@@ -217,7 +231,7 @@ absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
     if (!s.ok()) {
       spdlog::error("prefill of {} tokens failed in the {} backend: {}", count, backend_->name(),
                     s.ToString());
-      return absl::InternalError(absl::StrCat("backend failed to append: ", s.message()));
+      return BackendFailure(s, "backend failed to append");
     }
     total.compute_us += timing.compute_us;
   }

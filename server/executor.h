@@ -8,10 +8,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/backend.h"
 #include "server/metrics.h"
 #include "server/model_shape.h"
@@ -33,6 +35,11 @@ class Executor {
   // The prefill's new length, or why it failed (the caller answers `work.done`). Not run
   // when its deadline passed or its call was cancelled. May throw (bad_alloc).
   absl::StatusOr<int64_t> RunAppend(const AppendWork& work);
+  // Called once, on the thread that ran the batch, when the backend reports itself lost
+  // (IsBackendLost): the server stops serving. Set before any work runs.
+  void OnBackendLost(std::function<void(const absl::Status&)> hook) {
+    on_backend_lost_ = std::move(hook);
+  }
 
  private:
   Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
@@ -42,12 +49,17 @@ class Executor {
   void RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
                 std::vector<absl::Status>& status, size_t* finished);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
+  // A failed Run's answer for its requests: UNAVAILABLE when the backend is lost (after
+  // calling the hook, once), else INTERNAL "`what`: ...".
+  absl::Status BackendFailure(const absl::Status& run_status, absl::string_view what);
 
   Backend* backend_;
   Metrics* metrics_;
   ModelShape model_;
   int32_t page_size_;
   uint64_t next_batch_id_ = 1;
+  std::function<void(const absl::Status&)> on_backend_lost_;
+  std::atomic<bool> backend_lost_{false};
   // Prefill staging: [kAppendChunk, Hkv, D] bf16 K and V, layer and slot per row.
   static constexpr int64_t kAppendChunk = 1024;
   void* append_block_ = nullptr;

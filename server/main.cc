@@ -1,13 +1,16 @@
 // decode_server: the Sparse Decode Server binary. Parses flags, creates the backend,
 // starts the batcher, runs the self-test, then serves gRPC (with health and
-// reflection) and /metrics until SIGTERM or SIGINT, when it drains and exits 0.
+// reflection) and /metrics until SIGTERM or SIGINT, when it drains and exits 0; after a
+// lost backend (a sticky CUDA fault) it drains the same way and exits 1.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -142,6 +145,14 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
 
   auto executor = Executor::Create(backend.get(), &metrics, model);
   if (!executor.ok()) return Fail(executor.status().ToString());
+  // A lost backend (a sticky CUDA fault) fails every later batch: drain as on SIGTERM
+  // (health NOT_SERVING at once, queued work answered UNAVAILABLE) and exit 1, so that
+  // the supervisor restarts the process instead of routing traffic to it.
+  std::atomic<bool> backend_lost{false};
+  (*executor)->OnBackendLost([&backend_lost](const absl::Status&) {
+    backend_lost = true;
+    kill(getpid(), SIGTERM);
+  });
   std::vector<std::unique_ptr<StagingBuffer>> staging;
   for (int i = 0; i < 2; ++i) {
     auto buffer = StagingBuffer::Create(backend.get(), model, opt.backend_config.max_batch_size);
@@ -250,9 +261,10 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher.Stop();
   http.reset();
   spdlog::info(
-      "drained{} in {} ms; exiting", drained && streams_closed ? "" : " (with timeouts)",
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - signalled).count());
-  return 0;
+      "drained{} in {} ms; exiting{}", drained && streams_closed ? "" : " (with timeouts)",
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - signalled).count(),
+      backend_lost ? " with status 1: the backend was lost" : "");
+  return backend_lost ? 1 : 0;
 }
 
 }  // namespace

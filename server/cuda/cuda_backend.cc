@@ -141,6 +141,27 @@ class MappedStaging {
   std::map<uintptr_t, Region> regions_;  // by host start
 };
 
+// Errors after which the CUDA context is unusable until the process exits (the CUDA
+// runtime documentation's "sticky" errors: a kernel fault or an uncorrectable memory
+// error); every later call in the process returns them.
+bool IsStickyCudaError(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 class CudaBackend : public Backend {
  public:
   CudaBackend(const BackendConfig& config, const CudaBackendOptions& options)
@@ -225,9 +246,18 @@ class CudaBackend : public Backend {
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
     absl::Status status = Enqueue(work);
     // Always drain the stream so that no copy still reads staging memory on return.
-    absl::Status sync = CudaCall(cudaStreamSynchronize(stream_), "CUDA batch");
+    const cudaError_t sync_error = cudaStreamSynchronize(stream_);
+    absl::Status sync = CudaCall(sync_error, "CUDA batch");
     if (status.ok()) status = sync;
-    if (!status.ok()) return status;
+    if (!status.ok()) {
+      // A sticky fault leaves the context unusable: every later call returns it.
+      const cudaError_t sticky = IsStickyCudaError(sync_error) ? sync_error : cudaPeekAtLastError();
+      if (IsStickyCudaError(sticky)) {
+        return BackendLostError(
+            absl::StrCat("CUDA context lost (", cudaGetErrorName(sticky), "): ", status.message()));
+      }
+      return status;
+    }
     if (timing != nullptr) {
       float ms = 0.0f;
       if (absl::Status s = CudaCall(cudaEventElapsedTime(&ms, start_, stop_), "batch timing");
