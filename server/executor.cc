@@ -28,6 +28,10 @@ Executor::Executor(Backend* backend, Metrics* metrics, const ModelShape& model)
       page_size_(backend->cache().config().page_size) {}
 
 absl::Status Executor::BackendFailure(const absl::Status& run_status, absl::string_view what) {
+  if (run_status.code() == absl::StatusCode::kResourceExhausted) {
+    // Out of device or staging memory: the caller may retry (later, or smaller).
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", run_status.message()));
+  }
   if (!IsBackendLost(run_status)) {
     return absl::InternalError(absl::StrCat(what, ": ", run_status.message()));
   }
@@ -131,11 +135,16 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
       s = absl::InternalError(absl::StrCat("page table has ", pages_.size(), " pages, position ",
                                            req.position(), " needs ", needed));
     }
-    if (s.ok()) s = staging.ReservePageTable(table_size + needed);
     if (!s.ok()) {
       // Cannot happen after a successful PrepareWrite on this thread: a bug.
       spdlog::error("decode batch: page table of '{}' failed: {}", req.sequence_id(), s.ToString());
       batch_error = absl::InternalError(absl::StrCat("page table lookup failed: ", s.message()));
+      break;
+    }
+    if (s = staging.ReservePageTable(table_size + needed); !s.ok()) {
+      // Out of (pinned) staging memory for the batch's page tables: RESOURCE_EXHAUSTED.
+      spdlog::error("decode batch of {} requests: {}", rows, s.ToString());
+      batch_error = s;
       break;
     }
     staging.page_table_offset()[row_of[i]] = table_size;

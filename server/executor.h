@@ -50,7 +50,8 @@ class Executor {
                 std::vector<absl::Status>& status, size_t* finished);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
   // A failed Run's answer for its requests: UNAVAILABLE when the backend is lost (after
-  // calling the hook, once), else INTERNAL "`what`: ...".
+  // calling the hook, once), RESOURCE_EXHAUSTED when it ran out of memory, else
+  // INTERNAL "`what`: ...".
   absl::Status BackendFailure(const absl::Status& run_status, absl::string_view what);
 
   Backend* backend_;

@@ -15,6 +15,9 @@ namespace sds::cuda {
 
 absl::Status CudaCall(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
+  // Reported here: clear the thread's last error, so that a later launch check of this
+  // thread does not report it again (a sticky error stays, and is reported again).
+  cudaGetLastError();
   return absl::InternalError(
       absl::StrCat(std::string(what), ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
 }

@@ -1,8 +1,9 @@
-// The executor's answer to a lost backend (server/backend.h, BackendLostError): the
-// requests of the failed unit are answered UNAVAILABLE (a client retries them on another
-// replica), the executor calls its hook once whatever the number of failed units (the
-// server drains and exits on it), nothing is committed, and a plain backend error stays
-// INTERNAL without calling the hook. A CPU backend does the work; a wrapper fails Run.
+// The executor's answer to a failed backend Run. A lost backend (server/backend.h,
+// BackendLostError): the requests of the failed unit are answered UNAVAILABLE (a client retries
+// them on another replica), the executor calls its hook once whatever the number of failed units
+// (the server drains and exits on it), nothing is committed, and a plain backend error stays
+// INTERNAL without calling the hook, and running out of memory stays RESOURCE_EXHAUSTED.
+// A CPU backend does the work; a wrapper fails Run.
 #include <atomic>
 #include <memory>
 #include <string>
@@ -86,6 +87,13 @@ TEST(BackendLostTest, AnsweredUnavailableAndTheHookRunsOnce) {
     ASSERT_TRUE(length.ok()) << length.status();
     EXPECT_EQ(*length, 0) << "a failed prefill committed tokens";
   }
+  EXPECT_EQ(hooks, 1);
+
+  // Out of memory stays RESOURCE_EXHAUSTED (retry later or smaller), no hook.
+  backend.failure = absl::ResourceExhaustedError("cannot grow the page table buffer");
+  v1::AppendKVRequest last;
+  auto exhausted = (*executor)->RunAppend(Prefill(cache, "c", &last));
+  EXPECT_EQ(exhausted.status().code(), absl::StatusCode::kResourceExhausted) << exhausted.status();
   EXPECT_EQ(hooks, 1);
 
   // The marker is what decides: the same code without it is an ordinary error.
