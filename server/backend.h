@@ -86,7 +86,11 @@ inline bool IsBackendLost(const absl::Status& status) {
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendConfig& config);
 // Defined only when built with CUDA (SDS_HAVE_CUDA). UNAVAILABLE without a GPU.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& config);
-// True when built with CUDA and a usable GPU is present.
+// OK when built with CUDA and a usable GPU is present; else why not: NOT_FOUND when
+// there is no GPU (or no CUDA in this build), another code when one is there but cannot
+// be used (its compute capability, the driver), with the device and the CUDA error.
+absl::Status CudaDeviceStatus();
+// CudaDeviceStatus().ok().
 bool CudaDeviceAvailable();
 
 }  // namespace sds

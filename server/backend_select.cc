@@ -9,21 +9,26 @@ namespace sds::server {
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& which,
                                                        const BackendConfig& config) {
   if (which == "cpu") return CreateCpuBackend(config);
-  const bool gpu = CudaDeviceAvailable();
+  const absl::Status gpu = CudaDeviceStatus();
   if (which == "cuda") {
-    if (!gpu) {
-      return absl::FailedPreconditionError(
-          "--backend=cuda but no usable GPU (or a build without CUDA); use --backend=cpu or auto");
+    if (!gpu.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--backend=cuda but no usable GPU: ", gpu.message(), "; use --backend=cpu or auto"));
     }
     return CreateCudaBackend(config);
   }
-  if (gpu) {
+  if (gpu.ok()) {
     auto backend = CreateCudaBackend(config);
     if (backend.ok()) return backend;
     spdlog::warn("--backend=auto: the CUDA backend failed ({}); falling back to cpu",
                  backend.status().ToString());
+  } else if (absl::IsNotFound(gpu)) {
+    spdlog::info("--backend=auto: {}; using the cpu backend", std::string(gpu.message()));
   } else {
-    spdlog::info("--backend=auto: no usable GPU, using the cpu backend");
+    // A GPU is there but cannot be used: say why, loudly (a silent CPU fallback on a
+    // GPU host would look like a slow server).
+    spdlog::warn("--backend=auto: a GPU is present but unusable ({}); falling back to cpu",
+                 gpu.ToString());
   }
   return CreateCpuBackend(config);
 }

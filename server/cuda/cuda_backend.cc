@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -472,19 +473,38 @@ class CudaBackend : public Backend {
 
 }  // namespace
 
-bool CudaDeviceAvailable() {
+absl::Status CudaDeviceStatus() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  const cudaError_t counted = cudaGetDeviceCount(&count);
+  // No device, or no NVIDIA driver at all (a CPU host with the CUDA runtime: the runtime
+  // reports it as an insufficient driver); a loaded driver that is too old is a problem.
+  const bool driver_loaded = std::filesystem::exists("/proc/driver/nvidia/version");
+  if (counted == cudaErrorNoDevice || (counted == cudaSuccess && count == 0) ||
+      (counted == cudaErrorInsufficientDriver && !driver_loaded)) {
     cudaGetLastError();
-    return false;
+    return absl::NotFoundError("no CUDA device");
+  }
+  if (counted != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(
+        absl::StrCat("cannot use the CUDA devices: cudaGetDeviceCount: ", cudaGetErrorName(counted),
+                     " (", cudaGetErrorString(counted), ")"));
   }
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return absl::UnavailableError(absl::StrCat("cannot read CUDA device 0: ", cudaGetErrorName(e),
+                                               " (", cudaGetErrorString(e), ")"));
   }
-  return prop.major == 9 && prop.minor == 0;  // the kernels are built for sm_90a only
+  if (prop.major != 9 || prop.minor != 0) {  // the kernels are built for sm_90a only
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device 0 (", prop.name, ") has compute capability ", prop.major, ".",
+                     prop.minor, "; the CUDA backend is built for 9.0 (H100/H200)"));
+  }
+  return absl::OkStatus();
 }
+
+bool CudaDeviceAvailable() { return CudaDeviceStatus().ok(); }
 
 CudaBackendOptions CudaBackendOptionsFromEnv() {
   CudaBackendOptions options;
@@ -506,9 +526,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& 
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& config,
                                                            const CudaBackendOptions& options) {
-  if (!CudaDeviceAvailable())
-    return absl::UnavailableError(
-        "no usable CUDA device: the CUDA backend needs a compute capability 9.0 GPU (H100/H200)");
+  if (absl::Status device = CudaDeviceStatus(); !device.ok())
+    return absl::UnavailableError(absl::StrCat("no usable CUDA device: ", device.message()));
   CacheGeometry geo;
   geo.num_layers = config.cache.num_layers;
   geo.num_kv_heads = config.cache.num_kv_heads;
