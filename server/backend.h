@@ -90,7 +90,6 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& 
 // there is no GPU (or no CUDA in this build), another code when one is there but cannot
 // be used (its compute capability, the driver), with the device and the CUDA error.
 absl::Status CudaDeviceStatus();
-// CudaDeviceStatus().ok().
-bool CudaDeviceAvailable();
+inline bool CudaDeviceAvailable() { return CudaDeviceStatus().ok(); }
 
 }  // namespace sds

@@ -179,7 +179,9 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
     DecodeWork& item = items[i];
     if (row_of[i] >= 0) {
       const v1::DecodeRequest& req = *item.request;
-      if (!run_status.ok()) {
+      if (!batch_error.ok()) {
+        status[i] = batch_error;  // the batch did not reach the backend
+      } else if (!run_status.ok()) {
         status[i] = BackendFailure(run_status, "backend failed to run the batch");
       } else {
         status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1);

@@ -8,8 +8,6 @@ absl::Status CudaDeviceStatus() {
   return absl::NotFoundError("this decode_server was built without the CUDA backend");
 }
 
-bool CudaDeviceAvailable() { return false; }
-
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig&) {
   return absl::UnavailableError("this decode_server was built without the CUDA backend");
 }

@@ -504,8 +504,6 @@ absl::Status CudaDeviceStatus() {
   return absl::OkStatus();
 }
 
-bool CudaDeviceAvailable() { return CudaDeviceStatus().ok(); }
-
 CudaBackendOptions CudaBackendOptionsFromEnv() {
   CudaBackendOptions options;
   if (const char* v = std::getenv("SDS_CUDA_DIRECT_OUT_MAX_REQUESTS"); v != nullptr && *v != 0)
