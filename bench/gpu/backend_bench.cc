@@ -1,10 +1,11 @@
-// Backend-level benchmark: two CUDA backends, one copying every batch's outputs back
-// (`copy`) and one writing them straight into the mapped staging (`direct`,
-// cuda_backend.h), the same decode batch (each request's new-token append, then the
-// decode; 32/8 heads, D 128, page 64, per_tensor, shared index lists of distinct random
-// positions) staged in each backend's staging memory, Run back to back as the server's
-// executor does. Per (case, mode), two runs in the order copy, direct, direct, copy
-// (A/B/B/A: drift shows as the spread of a mode's two runs):
+// Backend-level benchmark: three CUDA backends, one copying every batch's inputs in and
+// outputs back (`copy`), one writing the outputs straight into the mapped staging
+// (`direct`, cuda_backend.h), one also reading q, gate and the new K/V in place there
+// when they are too large for the input pack (`inplace`), the same decode batch (each request's
+// new-token append, then the decode; 32/8 heads, D 128, page 64, per_tensor, shared index lists of
+// distinct random positions) staged in each backend's staging memory, Run back to back as the
+// server's executor does. Per (case, mode), two runs in the order copy, direct, inplace, inplace,
+// direct, copy (drift shows as the spread of a mode's two runs):
 //   compute_us  the backend's BatchTiming (CUDA events around its stream of work),
 //               mean of the middle 80 % of the Runs (the events round to 1 us)
 //   wall_us     host time of Run (enqueue, device work, synchronise), median
@@ -12,13 +13,14 @@
 //               device copies of the same inputs (same launches: host scalars, PDL),
 //               median of CUDA-event times, measured in the same run.
 // Outputs must be bit-identical between the modes (else the case fails).
-// Two more rows per case, direct outputs under the server's conditions (two runs each):
-//   direct+fill  every Run after the batch's inputs were rewritten into the staging by
+// Three more rows per case, the inplace path under the server's conditions (two runs
+// each):
+//   inplace+fill every Run after the batch's inputs were rewritten into the staging by
 //                this thread (the server's staging fill leaves them dirty in the CPU's
-//                caches for the input copy to read)
-//   direct+idle  every Run after 5 ms without GPU work (a closed loop of large batches
+//                caches for the kernels' reads)
+//   inplace+idle every Run after 5 ms without GPU work (a closed loop of large batches
 //                leaves the GPU idle between them; SDS_BENCH_IDLE_US sets another gap)
-//   direct+read  every Run after this thread read the previous Run's outputs (the
+//   inplace+read every Run after this thread read the previous Run's outputs (the
 //                server encodes its answers from them: they sit in the CPU's caches
 //                when the next batch's decode writes the same staging rows)
 #include "bench/gpu/backend_bench.h"
@@ -37,15 +39,16 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "server/backend.h"
 #include "server/cuda/cuda_backend.h"
+#include "server/cuda/input_upload.h"
 
 namespace sds::cudabench {
 namespace {
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 64;
 constexpr int kWarm = 30, kRuns = 400;
-volatile uint64_t g_sink = 0;  // keeps the direct+read loads
+volatile uint64_t g_sink = 0;  // keeps the inplace+read loads
 
-// The direct+idle gap: SDS_BENCH_IDLE_US from the environment, else 5000.
+// The inplace+idle gap: SDS_BENCH_IDLE_US from the environment, else 5000.
 int64_t IdleUs() {
   static const int64_t us = [] {
     const char* v = std::getenv("SDS_BENCH_IDLE_US");
@@ -61,8 +64,8 @@ struct BackendCase {
   int64_t seq_len;
 };
 
-constexpr int kNumModes = 2;
-const char* const kModeName[kNumModes] = {"copy", "direct"};
+constexpr int kNumModes = 3;
+const char* const kModeName[kNumModes] = {"copy", "direct", "inplace"};
 
 bool Ok(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
@@ -276,7 +279,9 @@ bool RunCase(const BackendCase& c, cudaStream_t s, std::vector<std::string>* lin
   std::vector<std::unique_ptr<Staged>> staged;
   for (int m = 0; m < kNumModes; ++m) {
     CudaBackendOptions options;
-    options.direct_out_max_requests = m == 0 ? 0 : 1 << 20;  // every case takes m's path
+    // Every case takes m's path.
+    options.direct_out_max_requests = m == 0 ? 0 : 1 << 20;
+    options.in_place_inputs_max_requests = m == 2 ? 1 << 20 : 0;
     auto created = CreateCudaBackend(config, options);
     if (!created.ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name, created.status().ToString().c_str());
@@ -336,12 +341,16 @@ bool RunCase(const BackendCase& c, cudaStream_t s, std::vector<std::string>* lin
     }
   }
   Timing t[kNumModes][2];
-  const int order[2 * kNumModes] = {0, 1, 1, 0};
+  const int order[2 * kNumModes] = {0, 1, 2, 2, 1, 0};
   int seen[kNumModes] = {};
   for (int m : order) {
     if (!TimeRuns(*staged[m], h, Before::kNothing, kRuns, &t[m][seen[m]++])) return false;
-    if (LastCudaBatchPath(*staged[m]->backend).direct_out != (m == 1)) {
-      std::fprintf(stderr, "%s %s: the outputs took the other path\n", c.name, kModeName[m]);
+    // inplace reads in place only what is too large for the input pack.
+    const CudaBatchPath path = LastCudaBatchPath(*staged[m]->backend);
+    const size_t piece = cudabackend::InputUpload::kPackPieceBytes;
+    if (path.direct_out != (m >= 1) || path.in_place_q != (m == 2 && qe * 2 > piece) ||
+        path.in_place_new_kv != (m == 2 && kve * 2 > piece)) {
+      std::fprintf(stderr, "%s %s: the batch took another path\n", c.name, kModeName[m]);
       return false;
     }
   }
@@ -351,14 +360,14 @@ bool RunCase(const BackendCase& c, cudaStream_t s, std::vector<std::string>* lin
   if (!same) std::fprintf(stderr, "%s: outputs differ between modes\n", c.name);
   double floor_us = 0;
   if (!FloorUs(*staged[0]->backend, h, s, &floor_us)) return false;
-  // The server's conditions, direct outputs: fill, idle, read, read, idle, fill.
+  // The server's conditions, inplace: fill, idle, read, read, idle, fill.
   Timing cond[3][2];
   const Before conds[6] = {Before::kFill, Before::kIdle, Before::kRead,
                            Before::kRead, Before::kIdle, Before::kFill};
   int cseen[3] = {};
   for (Before b : conds) {
     const int k = b == Before::kFill ? 0 : b == Before::kIdle ? 1 : 2;
-    if (!TimeRuns(*staged[1], h, b, b == Before::kIdle ? 60 : kRuns, &cond[k][cseen[k]++]))
+    if (!TimeRuns(*staged[2], h, b, b == Before::kIdle ? 60 : kRuns, &cond[k][cseen[k]++]))
       return false;
   }
   char line[256];
@@ -371,9 +380,9 @@ bool RunCase(const BackendCase& c, cudaStream_t s, std::vector<std::string>* lin
     lines->push_back(line);
   };
   for (int m = 0; m < kNumModes; ++m) row(kModeName[m], t[m]);
-  row("direct+fill", cond[0]);
-  row("direct+idle", cond[1]);
-  row("direct+read", cond[2]);
+  row("inplace+fill", cond[0]);
+  row("inplace+idle", cond[1]);
+  row("inplace+read", cond[2]);
   std::fflush(stdout);
   return same;
 }

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "server/backend.h"
+#include "server/cuda/cuda_cleanup.h"
 #include "server/cuda/device_buffer.h"
 #include "server/cuda/input_upload.h"
 #include "spdlog/spdlog.h"
@@ -34,6 +35,7 @@ namespace {
 using cuda::CudaCall;
 using cudabackend::DeviceBuffer;
 using cudabackend::InputUpload;
+using cudabackend::LogIfCudaCleanupFailed;
 
 // Device memory for the cache pool; Copy/Zero are enqueued on the backend stream so
 // that they are ordered with the kernels.
@@ -51,7 +53,7 @@ class CudaPageMemory : public PageMemory {
     return ptr;
   }
   void Free(void* ptr) override {
-    if (ptr != nullptr) cudaFree(ptr);
+    if (ptr != nullptr) LogIfCudaCleanupFailed(cudaFree(ptr), "cudaFree of the KV cache pool");
   }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
     return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
@@ -79,7 +81,7 @@ absl::Status CopyIn(DeviceBuffer& buf, const T* host, int64_t count, const char*
 // One upload input of `count` elements of T (bytes from the element type).
 template <typename T>
 InputUpload::Input Input(DeviceBuffer* own, const T* host, size_t count, const char* what) {
-  return {own, host, sizeof(T) * count, what};
+  return {own, host, sizeof(T) * count, what, nullptr};
 }
 
 // Staging allocations, pinned and mapped into the device address space, by host
@@ -93,16 +95,21 @@ class MappedStaging {
   // nullptr when either CUDA call fails (the error is cleared: not sticky).
   void* Allocate(size_t bytes) {
     void* host = nullptr;
-    if (cudaHostAlloc(&host, bytes == 0 ? 1 : bytes, cudaHostAllocMapped) != cudaSuccess) {
+    if (const cudaError_t e = cudaHostAlloc(&host, bytes == 0 ? 1 : bytes, cudaHostAllocMapped);
+        e != cudaSuccess) {
       cudaGetLastError();
+      spdlog::warn("CUDA backend: mapped staging of {} bytes: cudaHostAlloc: {}: {}", bytes,
+                   cudaGetErrorName(e), cudaGetErrorString(e));
       return nullptr;
     }
     // The device address of mapped memory need not equal the host one (the CUDA docs
     // promise that only under unified addressing), so ask for it.
     void* device = nullptr;
-    if (cudaHostGetDevicePointer(&device, host, 0) != cudaSuccess) {
+    if (const cudaError_t e = cudaHostGetDevicePointer(&device, host, 0); e != cudaSuccess) {
       cudaGetLastError();
-      cudaFreeHost(host);
+      spdlog::warn("CUDA backend: mapped staging of {} bytes: cudaHostGetDevicePointer: {}: {}",
+                   bytes, cudaGetErrorName(e), cudaGetErrorString(e));
+      LogIfCudaCleanupFailed(cudaFreeHost(host), "cudaFreeHost of unmappable staging");
       return nullptr;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -115,7 +122,7 @@ class MappedStaging {
       std::lock_guard<std::mutex> lock(mu_);
       regions_.erase(reinterpret_cast<uintptr_t>(host));
     }
-    cudaFreeHost(host);
+    LogIfCudaCleanupFailed(cudaFreeHost(host), "cudaFreeHost of mapped staging");
   }
   // Device address of host[0 .. bytes) when it lies inside one allocation and is
   // 16-byte aligned (what the kernels assume of their device buffers; a copy takes any
@@ -168,12 +175,13 @@ class CudaBackend : public Backend {
   CudaBackend(const BackendConfig& config, const CudaBackendOptions& options)
       : config_(config), options_(options) {}
   ~CudaBackend() override {
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (stream_ != nullptr)
+      LogIfCudaCleanupFailed(cudaStreamSynchronize(stream_), "final stream synchronisation");
     cache_.reset();  // frees the pool through CudaPageMemory
     for (DeviceBuffer* b : AllBuffers()) b->Release();
     for (cudaEvent_t e : {start_, stop_, uploaded_, appended_})
-      if (e != nullptr) cudaEventDestroy(e);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+      if (e != nullptr) LogIfCudaCleanupFailed(cudaEventDestroy(e), "cudaEventDestroy");
+    if (stream_ != nullptr) LogIfCudaCleanupFailed(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
 
   absl::Status Init() {
@@ -277,6 +285,21 @@ class CudaBackend : public Backend {
             &d_io_,    &d_topk_,  &d_perkv_, &d_index_,  &d_pages_};
   }
 
+  // Marks both inputs (of equal size) to be read in place when they are too large for
+  // the pack (so each would be a copy of its own) and both lie in mapped staging (device
+  // addresses 16-byte aligned); returns whether they were. Packed, they cost no copy of
+  // their own, and read in place they measured slower (1 request, bench/RESULTS.md).
+  bool InPlace(InputUpload::Input* x, InputUpload::Input* y) const {
+    if (x->bytes <= InputUpload::kPackPieceBytes || y->bytes <= InputUpload::kPackPieceBytes)
+      return false;
+    const void* dx = staging_.DeviceAddress(x->host, x->bytes);
+    const void* dy = staging_.DeviceAddress(y->host, y->bytes);
+    if (dx == nullptr || dy == nullptr) return false;
+    x->in_place = dx;
+    y->in_place = dy;
+    return true;
+  }
+
   // options_.log_phases: the last batch's device time between its events.
   void LogPhases(const BatchWork& work) const {
     float upload = 0, append = 0, rest = 0;
@@ -309,11 +332,14 @@ class CudaBackend : public Backend {
     const DecodeBatch& d = work.decode;
     // Inputs in upload order: append k, v, layers, slots; then the decode inputs.
     std::vector<InputUpload::Input> inputs;
+    path_ = CudaBatchPath{};
     if (a.num_tokens > 0) {
       const size_t n = a.num_tokens;
       const size_t row = static_cast<size_t>(geo.num_kv_heads) * geo.head_dim;
       inputs.push_back(Input(&k_new_, a.k_new, n * row, "appended k"));
       inputs.push_back(Input(&v_new_, a.v_new, n * row, "appended v"));
+      if (a.num_tokens <= options_.in_place_inputs_max_requests)
+        path_.in_place_new_kv = InPlace(&inputs[inputs.size() - 2], &inputs[inputs.size() - 1]);
       inputs.push_back(Input(&a_layer_, a.layer, n, "append layers"));
       inputs.push_back(Input(&a_slot_, a.slot, n, "append slots"));
     }
@@ -321,7 +347,6 @@ class CudaBackend : public Backend {
     if (d.num_requests > 0) {
       if (absl::Status s = AddDecodeInputs(geo, d, &inputs, &max_topk); !s.ok()) return s;
     }
-    path_ = CudaBatchPath{};
     std::vector<void*> dev;
     if (absl::Status s = upload_.Stage(inputs, &dev); !s.ok()) return s;
     if (absl::Status s = CudaCall(cudaEventRecord(start_, stream_), "event record"); !s.ok())
@@ -385,6 +410,8 @@ class CudaBackend : public Backend {
     const size_t rows = b;
     inputs->push_back(Input(&q_, d.q, elems, "q"));
     inputs->push_back(Input(&gate_, d.gate, elems, "gate"));
+    if (b <= options_.in_place_inputs_max_requests)
+      path_.in_place_q = InPlace(&(*inputs)[inputs->size() - 2], &(*inputs)[inputs->size() - 1]);
     inputs->push_back(Input(&d_layer_, d.layer, rows, "layers"));
     inputs->push_back(Input(&d_pto_, d.page_table_offset, rows, "page table offsets"));
     inputs->push_back(Input(&d_io_, d.index_offset, rows, "index offsets"));
@@ -510,6 +537,8 @@ CudaBackendOptions CudaBackendOptionsFromEnv() {
     options.direct_out_max_requests = std::atoi(v);
   if (const char* v = std::getenv("SDS_CUDA_LOG_PHASES"); v != nullptr && *v != 0)
     options.log_phases = std::atoi(v) != 0;
+  if (const char* v = std::getenv("SDS_CUDA_IN_PLACE_INPUTS_MAX_REQUESTS"); v != nullptr && *v != 0)
+    options.in_place_inputs_max_requests = std::atoi(v);
   return options;
 }
 

@@ -9,15 +9,25 @@
 // (bench/gpu/backend_bench.cc, 22:19 UTC, two processes of copy/direct/direct/copy):
 // compute time per batch 26-29 -> 21-25 us at one request of the seed shape, 30-35 ->
 // 24-28 us at one request of 2048 indices, 263-269 -> 220-222 us at 256 seed requests.
-// Inputs are still uploaded: read in place over PCIe by the decode (each CTA re-reads q,
-// its index list and its page table entries, in its dependent chain) they measured
-// slower than the copy, up to 2.4x at 8 x 2048 indices and 2.8x at 16 x 2048, and even
-// at one request (27-29 us against 23-25 with direct outputs alone). The kernels and
-// their arithmetic are the same either way, so the outputs are bit-identical
-// (tests/gpu/backend_direct_test.cc).
+// In-place inputs: in a batch of at most in_place_inputs_max_requests decode requests
+// (and as many appended tokens), the bulk tensors (q, gate [B, Hq, D] bf16; new K/V [N,
+// Hkv, D] bf16) too large for the input pack (input_upload.h), which would each be a
+// copy of their own, are read by the kernels straight from the mapped staging, each
+// element once (q at a CTA's start, overlapping its index -> page table -> row chain;
+// gate prefetched towards L2, then read by the finishing CTA; new K/V by the append).
+// Measured on the H200 (bench/gpu/backend_bench.cc, session 12, with direct outputs):
+// device time per batch of the seed shape 30.2 -> 22.8 us at 8 requests, 53.4 -> 38.6
+// at 32, 81.0 -> 58.1 at 64, 125.3 -> 103.9 at 128, 206.4 -> 173.2 at 256; at one
+// request, where q and gate travel in the pack, reading them in place cost 1.5 us more
+// (so packed inputs are not read in place). The index lists and page tables stay
+// uploaded: read in place by the decode (each CTA re-reads them, in its dependent chain)
+// every input measured slower than the copy, up to 2.4x at 8 x 2048 indices and 2.8x at
+// 16 x 2048, and even at one request (session 6). The kernels and their arithmetic are
+// the same either way, so the outputs are bit-identical (tests/gpu/backend_direct_test.cc).
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -34,10 +44,16 @@ struct CudaBackendOptions {
   // copies; CUDA events between them) at info level. Diagnostics: the events keep the
   // decode from overlapping the append (programmatic dependent launch).
   bool log_phases = false;
+  // Batches of at most this many decode requests read q and gate in place, and appends
+  // of at most this many tokens their new K/V, when too large for the pack (0: never;
+  // the default: any size, 256 being the largest measured, where it still won by 16 %).
+  // Inputs outside memory from AllocateStaging are always uploaded.
+  int32_t in_place_inputs_max_requests = std::numeric_limits<int32_t>::max();
 };
 
 // The defaults above, overridden by the environment (diagnostics):
-// SDS_CUDA_DIRECT_OUT_MAX_REQUESTS=N (0 turns direct outputs off), SDS_CUDA_LOG_PHASES=1.
+// SDS_CUDA_DIRECT_OUT_MAX_REQUESTS=N (0 turns direct outputs off), SDS_CUDA_LOG_PHASES=1,
+// SDS_CUDA_IN_PLACE_INPUTS_MAX_REQUESTS=N (0 uploads every input).
 CudaBackendOptions CudaBackendOptionsFromEnv();
 
 // CreateCudaBackend(config) is this with CudaBackendOptionsFromEnv().
@@ -46,10 +62,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendConfig& 
 
 // Where the last Run of a CUDA backend put its outputs (tests, benchmark): true when
 // the decode wrote them into staging, false when they were copied back (or, for lse,
-// when the batch asked for none).
+// when the batch asked for none); and which inputs the kernels read in place.
 struct CudaBatchPath {
   bool direct_out = false;
   bool direct_lse = false;
+  bool in_place_q = false;       // q and gate read from staging
+  bool in_place_new_kv = false;  // the append's new K/V read from staging
 };
 // All false for a backend that does not come from CreateCudaBackend.
 CudaBatchPath LastCudaBatchPath(const Backend& backend);

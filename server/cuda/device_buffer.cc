@@ -1,6 +1,7 @@
 #include "server/cuda/device_buffer.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/cuda/cuda_cleanup.h"
 
 namespace sds::cudabackend {
 
@@ -20,7 +21,7 @@ absl::Status DeviceBuffer::Reserve(size_t bytes, const char* what) {
 }
 
 void DeviceBuffer::Release() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
+  if (ptr_ != nullptr) LogIfCudaCleanupFailed(cudaFree(ptr_), "cudaFree of a device buffer");
   ptr_ = nullptr;
   capacity_ = 0;
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "server/cuda/cuda_cleanup.h"
 
 namespace sds::cudabackend {
 namespace {
@@ -15,7 +16,8 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 InputUpload::~InputUpload() {
-  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  if (pinned_ != nullptr)
+    LogIfCudaCleanupFailed(cudaFreeHost(pinned_), "cudaFreeHost of the input pack");
 }
 
 absl::Status InputUpload::Init() {
@@ -42,6 +44,10 @@ absl::Status InputUpload::Stage(const std::vector<Input>& inputs, std::vector<vo
   size_t at = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Input& in = inputs[i];
+    if (in.in_place != nullptr) {
+      (*device)[i] = const_cast<void*>(in.in_place);
+      continue;
+    }
     if (in.bytes <= kPackPieceBytes && at + AlignUp(in.bytes) <= kPackBytes) {
       if (in.bytes > 0) std::memcpy(host + at, in.host, in.bytes);
       (*device)[i] = dev + at;

@@ -4,8 +4,9 @@
 // copy-engine latency, which was most of one request's device time (compute p99 96-106
 // us before, 51 us with every input of a small batch packed: bench/RESULTS.md). Inputs
 // above kPackPieceBytes are copied straight from the pinned staging memory into their
-// own buffers: gathering them would cost a host memcpy that grows with the batch (with
-// every input of batches up to 1 MB packed, 16 streams measured slower).
+// own buffers, or read there by the kernels (Input::in_place, cuda_backend.h):
+// gathering them would cost a host memcpy that grows with the batch (with every input
+// of batches up to 1 MB packed, 16 streams measured slower).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +30,9 @@ class InputUpload {
     const void* host;   // pinned staging memory
     size_t bytes;       // may be 0
     const char* what;   // for error messages
+    // The device address of `host` in mapped staging when the kernels are to read the
+    // input there, over PCIe (nothing copied); nullptr: upload it.
+    const void* in_place = nullptr;
   };
 
   InputUpload() = default;
@@ -40,7 +44,8 @@ class InputUpload {
   absl::Status Init();
   // Host side of an upload: copies the small inputs into the pinned pack, makes room in
   // the large inputs' own buffers and sets device[i] to where input i will be (256-byte
-  // aligned). Enqueues nothing, so the host copying stays out of the device timing.
+  // aligned; an in-place input's own address). Enqueues nothing, so the host copying stays out of
+  // the device timing.
   absl::Status Stage(const std::vector<Input>& inputs, std::vector<void*>* device);
   // Enqueues the staged copies on `stream`: the pack (one copy), then each large input.
   // The host memory must stay untouched until the stream has passed them; the caller

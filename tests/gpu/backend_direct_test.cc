@@ -1,13 +1,16 @@
-// The CUDA backend's direct outputs (cuda_backend.h): a small batch's decode writes out
-// and lse straight into the mapped staging memory, with no copy back. Two backends, one
-// copying every batch's outputs back and one writing them directly up to 16 requests,
+// The CUDA backend's direct outputs and in-place inputs (cuda_backend.h): a small
+// batch's decode writes out and lse straight into the mapped staging memory, with no
+// copy back, and its kernels may read q, gate and the new K/V there, with no upload
+// (those too large for the input pack).
+// Three backends, one copying every input and output, one writing outputs directly up
+// to 16 requests, and one also reading those inputs in place up to 16 requests,
 // get the same Runs (prefill, then decode batches of 1, 3, 15, 16, 17 and 24 requests,
 // each with the append of its requests' new tokens, around the threshold, with and
 // without lse) and must give bit-identical out and lse, outputs poisoned before every
 // Run. Each batch mixes shared and per-KV-head index lists, -1 entries and top-K
 // 1..1000, and reads the token its append just wrote; its arrays are carved out of one
 // staging block like the server's. LastCudaBatchPath proves which path each Run took, so
-// a direct path that silently fell back to the copy would fail here.
+// a direct or in-place path that silently fell back to the copy would fail here.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -139,10 +142,12 @@ class CudaBackendDirect : public ::testing::TestWithParam<ScaleMode> {};
 
 TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
-  std::vector<std::unique_ptr<Backend>> backends;  // [0] copies back, [1] direct
-  for (int32_t max_requests : {0, kThreshold}) {
+  // [0] copies everything, [1] direct outputs, [2] direct outputs and in-place inputs.
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int variant = 0; variant < 3; ++variant) {
     CudaBackendOptions options;
-    options.direct_out_max_requests = max_requests;
+    options.direct_out_max_requests = variant == 0 ? 0 : kThreshold;
+    options.in_place_inputs_max_requests = variant == 2 ? kThreshold : 0;
     auto created = CreateCudaBackend(Config(GetParam()), options);
     ASSERT_TRUE(created.ok()) << created.status();
     backends.push_back(*std::move(created));
@@ -228,18 +233,25 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
       const bool small = b <= kThreshold;
       EXPECT_FALSE(got[0].path.direct_out);
       EXPECT_FALSE(got[0].path.direct_lse);
-      EXPECT_EQ(got[1].path.direct_out, small);
-      EXPECT_EQ(got[1].path.direct_lse, small && with_lse);
-      // Bitwise: out of every request and head, lse as float bits.
-      ASSERT_EQ(got[1].out.size(), got[0].out.size());
-      for (size_t e = 0; e < got[0].out.size(); ++e)
-        ASSERT_EQ(got[1].out[e], got[0].out[e]) << "out element " << e;
-      ASSERT_EQ(got[1].lse.size(), got[0].lse.size());
-      for (size_t e = 0; e < got[0].lse.size(); ++e) {
-        uint32_t x, y;
-        std::memcpy(&x, &got[1].lse[e], 4);
-        std::memcpy(&y, &got[0].lse[e], 4);
-        ASSERT_EQ(x, y) << "lse element " << e;
+      for (int v = 0; v < 3; ++v) {
+        SCOPED_TRACE(testing::Message() << "backend variant " << v);
+        EXPECT_EQ(got[v].path.direct_out, v > 0 && small);
+        EXPECT_EQ(got[v].path.direct_lse, v > 0 && small && with_lse);
+        // In place only when too large for the pack: q and gate from 3 requests (8 KB
+        // each per request), new K/V from 9 tokens (2 KB each per token; one per request).
+        EXPECT_EQ(got[v].path.in_place_q, v == 2 && small && b >= 3);
+        EXPECT_EQ(got[v].path.in_place_new_kv, v == 2 && small && b >= 9);
+        // Bitwise: out of every request and head, lse as float bits.
+        ASSERT_EQ(got[v].out.size(), got[0].out.size());
+        for (size_t e = 0; e < got[0].out.size(); ++e)
+          ASSERT_EQ(got[v].out[e], got[0].out[e]) << "out element " << e;
+        ASSERT_EQ(got[v].lse.size(), got[0].lse.size());
+        for (size_t e = 0; e < got[0].lse.size(); ++e) {
+          uint32_t x, y;
+          std::memcpy(&x, &got[v].lse[e], 4);
+          std::memcpy(&y, &got[0].lse[e], 4);
+          ASSERT_EQ(x, y) << "lse element " << e;
+        }
       }
       // The reference run itself wrote every output (the poison is gone).
       for (uint16_t x : got[0].out) ASSERT_NE(x & 0x7F80, 0x7F80) << "non-finite output";
@@ -301,6 +313,7 @@ TEST(CudaBackendDirectFallback, OutputsNotInStagingAreCopiedBack) {
     const CudaBatchPath p = LastCudaBatchPath(backend);
     EXPECT_EQ(p.direct_out, run == 1);
     EXPECT_FALSE(p.direct_lse);
+    EXPECT_FALSE(p.in_place_q);  // q and gate are std::vectors here
     results[run].assign(d.out, d.out + out.size());
     for (uint16_t x : results[run]) ASSERT_NE(x & 0x7F80, 0x7F80);
     for (float x : lse) ASSERT_TRUE(std::isfinite(x));
