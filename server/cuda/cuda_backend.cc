@@ -338,7 +338,9 @@ class CudaBackend : public Backend {
       const size_t row = static_cast<size_t>(geo.num_kv_heads) * geo.head_dim;
       inputs.push_back(Input(&k_new_, a.k_new, n * row, "appended k"));
       inputs.push_back(Input(&v_new_, a.v_new, n * row, "appended v"));
-      if (a.num_tokens <= options_.in_place_inputs_max_requests)
+      // Only a decode batch's own new tokens: a prefill (append only, up to thousands of
+      // tokens) keeps its copy (not measured in place).
+      if (d.num_requests > 0 && a.num_tokens <= options_.in_place_inputs_max_requests)
         path_.in_place_new_kv = InPlace(&inputs[inputs.size() - 2], &inputs[inputs.size() - 1]);
       inputs.push_back(Input(&a_layer_, a.layer, n, "append layers"));
       inputs.push_back(Input(&a_slot_, a.slot, n, "append slots"));

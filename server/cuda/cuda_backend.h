@@ -9,21 +9,23 @@
 // (bench/gpu/backend_bench.cc, 22:19 UTC, two processes of copy/direct/direct/copy):
 // compute time per batch 26-29 -> 21-25 us at one request of the seed shape, 30-35 ->
 // 24-28 us at one request of 2048 indices, 263-269 -> 220-222 us at 256 seed requests.
-// In-place inputs: in a batch of at most in_place_inputs_max_requests decode requests
-// (and as many appended tokens), the bulk tensors (q, gate [B, Hq, D] bf16; new K/V [N,
-// Hkv, D] bf16) too large for the input pack (input_upload.h), which would each be a
-// copy of their own, are read by the kernels straight from the mapped staging, each
-// element once (q at a CTA's start, overlapping its index -> page table -> row chain;
-// gate prefetched towards L2, then read by the finishing CTA; new K/V by the append).
-// Measured on the H200 (bench/gpu/backend_bench.cc, session 12, with direct outputs):
-// device time per batch of the seed shape 30.2 -> 22.8 us at 8 requests, 53.4 -> 38.6
-// at 32, 81.0 -> 58.1 at 64, 125.3 -> 103.9 at 128, 206.4 -> 173.2 at 256; at one
-// request, where q and gate travel in the pack, reading them in place cost 1.5 us more
-// (so packed inputs are not read in place). The index lists and page tables stay
-// uploaded: read in place by the decode (each CTA re-reads them, in its dependent chain)
-// every input measured slower than the copy, up to 2.4x at 8 x 2048 indices and 2.8x at
-// 16 x 2048, and even at one request (session 6). The kernels and their arithmetic are
-// the same either way, so the outputs are bit-identical (tests/gpu/backend_direct_test.cc).
+// In-place inputs: in a decode batch of at most in_place_inputs_max_requests requests
+// (and as many appended tokens; a prefill, with no decode, is copied), the bulk tensors
+// (q, gate [B, Hq, D] bf16; new K/V [N, Hkv, D] bf16) too large for the input pack
+// (input_upload.h), which would each be a copy of their own, are read by the kernels
+// straight from the mapped staging, each element once (q at a CTA's start, overlapping
+// its index -> page table -> row chain; gate prefetched towards L2, then read by the
+// finishing CTA; new K/V by the append). Measured on the H200 (bench/gpu/backend_bench.cc,
+// session 12, three runs, against direct outputs alone): device time per batch of the
+// seed shape 52.7-53.7 -> 37.5-38.8 us at 32 requests, 80.6-84.0 -> 58.0-62.9 at 64,
+// 120.8-125.5 -> 97.2-104.3 at 128, 204.5-206.7 -> 168.4-173.4 at 256; at 8 requests
+// -3 to -25 % (seed) and -7 to +6 % (2048 indices); at one request, where q and gate
+// travel in the pack, reading them in place cost 1.5 us more, so packed inputs are not
+// read in place. The index lists and page tables stay uploaded: read in place by the
+// decode (each CTA re-reads them, in its dependent chain) every input measured slower
+// than the copy, up to 2.4x at 8 x 2048 indices and 2.8x at 16 x 2048, and even at one
+// request (session 6). The kernels and their arithmetic are the same either way, so the
+// outputs are bit-identical (tests/gpu/backend_direct_test.cc).
 #pragma once
 
 #include <cstdint>
@@ -44,8 +46,8 @@ struct CudaBackendOptions {
   // copies; CUDA events between them) at info level. Diagnostics: the events keep the
   // decode from overlapping the append (programmatic dependent launch).
   bool log_phases = false;
-  // Batches of at most this many decode requests read q and gate in place, and appends
-  // of at most this many tokens their new K/V, when too large for the pack (0: never;
+  // Decode batches of at most this many requests read q and gate in place, and the new
+  // K/V of their appends of at most this many tokens, when too large for the pack (0: never;
   // the default: any size, 256 being the largest measured, where it still won by 16 %).
   // Inputs outside memory from AllocateStaging are always uploaded.
   int32_t in_place_inputs_max_requests = std::numeric_limits<int32_t>::max();
