@@ -82,7 +82,8 @@ yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, open(sys.arg
 text = " ".join(e for _, e in exprs)
 required = ["sds_batch_size", "sds_batch_queue_seconds", "sds_batch_compute_seconds",
             "sds_batch_total_seconds", "sds_requests_total", "sds_request_latency_seconds",
-            "sds_cache_pages", "sds_cache_pages_capacity", "sds_queue_depth"]
+            "sds_cache_pages", "sds_cache_pages_capacity", "sds_queue_depth",
+            "sds_stream_answer_send_seconds"]
 missing = [m for m in required if not re.search(rf"\b{m}(_bucket|_sum|_count)?\b", text)]
 assert not missing, f"dashboard lacks panels for {missing}"
 assert 'state="used"' in text, "cache panels must show used pages"

@@ -102,7 +102,8 @@ Metrics::Metrics(BuildInfo info)
       batch_size_(BatchSizeBuckets()),
       batch_queue_(BatchSecondsBuckets()),
       batch_compute_(BatchSecondsBuckets()),
-      batch_total_(BatchSecondsBuckets()) {}
+      batch_total_(BatchSecondsBuckets()),
+      stream_answer_send_(RequestSecondsBuckets()) {}
 
 void Metrics::ObserveBatch(int32_t batch_size, double queue_s, double compute_s, double total_s) {
   batch_size_.Observe(batch_size);
@@ -136,6 +137,8 @@ void Metrics::ObserveLatency(absl::string_view rpc, double seconds) {
   }
   histogram->Observe(seconds);
 }
+
+void Metrics::ObserveStreamAnswerSend(double seconds) { stream_answer_send_.Observe(seconds); }
 
 void Metrics::AddTokensAppended(int64_t tokens) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -196,6 +199,12 @@ std::string Metrics::Render() const {
     histogram->Render("sds_request_latency_seconds", absl::StrCat("rpc=\"", Escape(rpc), "\""),
                       &out);
   }
+
+  Header(&out, "sds_stream_answer_send_seconds", "histogram",
+         "DecodeStream: time from a request's batch finishing to gRPC taking its answer for "
+         "sending (hand-off to an answer thread, encoding, waiting behind the stream's "
+         "earlier answers, transport flow control); not in sds_request_latency_seconds.");
+  stream_answer_send_.Render("sds_stream_answer_send_seconds", "", &out);
 
   Header(&out, "sds_requests_total", "counter",
          "Requests by RPC and final status code. DecodeBatch and DecodeStream count each "

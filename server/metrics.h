@@ -71,6 +71,8 @@ class Metrics {
   void ObserveBatch(int32_t batch_size, double queue_s, double compute_s, double total_s);
   void CountRequest(absl::string_view rpc, absl::StatusCode code);
   void ObserveLatency(absl::string_view rpc, double seconds);
+  // DecodeStream: from a request's batch finishing to gRPC taking its answer for sending.
+  void ObserveStreamAnswerSend(double seconds);
   void AddTokensAppended(int64_t tokens);
   void SetGaugeSource(std::function<GaugeValues()> source);
 
@@ -82,6 +84,7 @@ class Metrics {
   Histogram batch_queue_;
   Histogram batch_compute_;
   Histogram batch_total_;
+  Histogram stream_answer_send_;
   // Status codes 0..16 (OK .. UNAUTHENTICATED); others are counted as UNKNOWN.
   static constexpr int kNumCodes = 17;
   mutable std::mutex mu_;  // guards everything below

@@ -55,6 +55,7 @@ void DecodeStreamReactor::Call::Reset() {
   bytes.Clear();
   encoded = EncodedResponse{};
   reply.Clear();
+  completed = Clock::time_point{};
   arena.Reset();  // frees any extra blocks, keeps the first
   CreateMessages();
 }
@@ -191,6 +192,7 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
 }
 
 void DecodeStreamReactor::Completed(Call* call, const absl::Status& status) {
+  call->completed = Clock::now();
   if (env_.answer_pool != nullptr && status.ok() && call->response->batch().batch_size() > 1) {
     try {
       // The stream cannot finish before this runs: the request stays pending until
@@ -206,6 +208,7 @@ void DecodeStreamReactor::Completed(Call* call, const absl::Status& status) {
 
 void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
   std::unique_ptr<Call> call(raw_call);
+  if (call->completed == Clock::time_point{}) call->completed = Clock::now();  // refused
   if (!status.ok()) {
     v1::DecodeResponse* response = call->response;
     response->Clear();
@@ -253,6 +256,7 @@ void DecodeStreamReactor::Answer(Call* raw_call, const absl::Status& status) {
 
 void DecodeStreamReactor::OnWriteDone(bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (ok) env_.metrics->ObserveStreamAnswerSend(SecondsSince(writes_.front()->completed));
   RecycleLocked(std::move(writes_.front()));
   writes_.pop_front();
   if (!ok) {

@@ -74,6 +74,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     EncodedResponse encoded;  // the executor's answer (response_wire.h), when OK
     grpc::ByteBuffer reply;   // the answer as StartWrite sends it
     Clock::time_point start;
+    Clock::time_point completed;  // its batch finished (or it was refused): see OnWriteDone
 
    private:
     static google::protobuf::ArenaOptions Options(char* block, size_t bytes);

@@ -1,6 +1,7 @@
 // /metrics after known traffic: the text is valid (promtool check metrics), the
 // counters say what happened, and a real Prometheus scraping the server sees it.
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -151,6 +152,34 @@ TEST_F(MetricsTest, HelpTextSaysWhatIsCounted) {
   EXPECT_NE(text.find("\nsds_request_latency_seconds_count{rpc=\"DecodeBatch\"} 1\n"),
             std::string::npos)
       << text;
+}
+
+// Each DecodeStream answer taken by gRPC is one observation of the send time (from its
+// batch's end), and none of the unary traffic of SetUp is.
+TEST_F(MetricsTest, StreamAnswerSendIsObservedOncePerAnswer) {
+  Harness& h = *harness_;
+  EXPECT_NE(Scrape().find("\nsds_stream_answer_send_seconds_count 0\n"), std::string::npos);
+  InputGen gen(43);
+  h.CreateAndPrefill(gen, "s", 10);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = h.stub().DecodeStream(&context);
+  for (int32_t layer = 0; layer < 3; ++layer)  // one new token per layer
+    ASSERT_TRUE(stream->Write(RandomDecode(gen, model_, "s", layer, 10, 4, false, 70 + layer)));
+  stream->WritesDone();
+  v1::DecodeResponse response;
+  int answered = 0;
+  while (stream->Read(&response)) {
+    EXPECT_EQ(response.error_code(), 0) << response.error_message();
+    ++answered;
+  }
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(answered, 3);
+  const std::string text = Scrape();
+  EXPECT_NE(text.find("# TYPE sds_stream_answer_send_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(text.find("\nsds_stream_answer_send_seconds_count 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nsds_stream_answer_send_seconds_bucket{le=\"+Inf\"} 3\n"),
+            std::string::npos);
 }
 
 TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
