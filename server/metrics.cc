@@ -203,7 +203,8 @@ std::string Metrics::Render() const {
   Header(&out, "sds_stream_answer_send_seconds", "histogram",
          "DecodeStream: time from a request's batch finishing to gRPC taking its answer for "
          "sending (hand-off to an answer thread, encoding, waiting behind the stream's "
-         "earlier answers, transport flow control); not in sds_request_latency_seconds.");
+         "earlier answers, transport flow control); sds_request_latency_seconds ends before "
+         "the encoding.");
   stream_answer_send_.Render("sds_stream_answer_send_seconds", "", &out);
 
   Header(&out, "sds_requests_total", "counter",

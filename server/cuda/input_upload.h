@@ -44,8 +44,8 @@ class InputUpload {
   absl::Status Init();
   // Host side of an upload: copies the small inputs into the pinned pack, makes room in
   // the large inputs' own buffers and sets device[i] to where input i will be (256-byte
-  // aligned; an in-place input's own address). Enqueues nothing, so the host copying stays out of
-  // the device timing.
+  // aligned; an in-place input's own address). Enqueues nothing, so the host copying
+  // stays out of the device timing.
   absl::Status Stage(const std::vector<Input>& inputs, std::vector<void*>* device);
   // Enqueues the staged copies on `stream`: the pack (one copy), then each large input.
   // The host memory must stay untouched until the stream has passed them; the caller
