@@ -210,19 +210,21 @@ absl::Status LaunchDecode(const CacheView& cache, const DecodeBatch& batch, int3
   if (batch.num_requests <= 0) return absl::OkStatus();
   const CacheGeometry& geo = cache.geo;
   if (absl::Status s = CheckDecodeShape(batch.num_q_heads, geo); !s.ok()) return s;
-  // The kernels read q and gate and write out 8 bytes at a time, and the split-K partials
-  // 16: a misaligned pointer would fault (and take the CUDA context with it).
-  if (reinterpret_cast<uintptr_t>(batch.q) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(batch.gate) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(batch.out) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(workspace.partial) % 16 != 0)
-    return absl::InvalidArgumentError(
-        "CUDA decode needs q, gate and out 8-byte aligned and the workspace 16-byte aligned");
   if (kernel == DecodeKernel::kDefault) kernel = EnvDecodeKernel();
   if (kernel == DecodeKernel::kDefault)
     return absl::InvalidArgumentError("SDS_DECODE_KERNEL must be v1 or v2 (or unset for v1)");
   const bool v2 = kernel == DecodeKernel::kV2 || kernel == DecodeKernel::kV2Coarse ||
                   kernel == DecodeKernel::kV2Fine;
+  // The kernels read gate and write out 8 bytes at a time, q 8 (v1) or 16 (v2), and the
+  // split-K partials 16: a misaligned pointer would fault (and take the CUDA context
+  // with it).
+  if (reinterpret_cast<uintptr_t>(batch.q) % (v2 ? 16 : 8) != 0 ||
+      reinterpret_cast<uintptr_t>(batch.gate) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(batch.out) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(workspace.partial) % 16 != 0)
+    return absl::InvalidArgumentError(
+        "CUDA decode needs q (16 for v2), gate and out 8-byte aligned and the workspace "
+        "16-byte aligned");
   const bool per_token = geo.scale_mode == ScaleMode::kPerTokenHead;
   const int32_t chunks = DecodeChunks(max_topk);
   const int64_t need_floats =

@@ -32,10 +32,10 @@ TEST(DecodeShapes, UnsupportedShapesAreClearErrors) {
   EXPECT_EQ(cuda::CheckDecodeShape(7, geo).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The kernels read q and gate and write out 8 bytes at a time, and the split-K partials 16: a
-// misaligned pointer is refused before anything is launched (INVALID_ARGUMENT, not a
-// fault that would take the context with it). The pointers are never dereferenced on
-// the host and nothing reaches the device.
+// The kernels read q (16 bytes in v2) and gate and write out 8 bytes at a time, and the
+// split-K partials 16: a misaligned pointer is refused before anything is launched
+// (INVALID_ARGUMENT, not a fault that would take the context with it). The pointers are never
+// dereferenced on the host and nothing reaches the device.
 TEST(DecodeShapes, MisalignedInputsAreClearErrors) {
   CacheView cache;
   cache.geo = SmallGeometry(128);
@@ -63,6 +63,12 @@ TEST(DecodeShapes, MisalignedInputsAreClearErrors) {
   ws.partial = storage + 32;
   batch.out = reinterpret_cast<uint16_t*>(base + 132);  // 4 bytes past an 8-byte boundary
   EXPECT_EQ(launch().code(), absl::StatusCode::kInvalidArgument) << "out";
+  // v2 reads q 16 bytes at a time: 8 past a 16-byte boundary is refused there.
+  batch.out = reinterpret_cast<uint16_t*>(base + 128);
+  batch.q = bf16_at(8);
+  EXPECT_EQ(cuda::LaunchDecode(cache, batch, 16, ws, nullptr, cuda::DecodeKernel::kV2).code(),
+            absl::StatusCode::kInvalidArgument)
+      << "q for v2";
 }
 
 }  // namespace
