@@ -201,10 +201,10 @@ std::string Metrics::Render() const {
   }
 
   Header(&out, "sds_stream_answer_send_seconds", "histogram",
-         "DecodeStream: time from a request's batch finishing to gRPC taking its answer for "
-         "sending (hand-off to an answer thread, encoding, waiting behind the stream's "
-         "earlier answers, transport flow control); sds_request_latency_seconds ends before "
-         "the encoding.");
+         "DecodeStream: time from a request's batch finishing (or its refusal) to gRPC "
+         "taking its answer for sending: hand-off to an answer thread, waiting behind the "
+         "stream's earlier answers, transport flow control. Overlaps "
+         "sds_request_latency_seconds only by the hand-off.");
   stream_answer_send_.Render("sds_stream_answer_send_seconds", "", &out);
 
   Header(&out, "sds_requests_total", "counter",

@@ -1,9 +1,10 @@
 // The CUDA backend: the paged FP8 cache in device memory (copy-on-write and zeroing
 // ordered on the backend's stream), pinned staging mapped into the device address
-// space, asynchronous input copies, one append launch and one decode launch per batch
-// (the decode overlapping the append's end through programmatic dependent launch), the
-// outputs copied back or, for small batches, written by the decode straight into the
-// staging (cuda_backend.h), CUDA-event timing.
+// space, asynchronous input copies (or, for the bulk tensors too large for the pack,
+// reads in place from the staging: cuda_backend.h), one append launch and one decode
+// launch per batch (the decode overlapping the append's end through programmatic
+// dependent launch), the outputs copied back or, for small batches, written by the
+// decode straight into the staging (cuda_backend.h), CUDA-event timing.
 #include "server/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -254,7 +255,8 @@ class CudaBackend : public Backend {
 
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
     absl::Status status = Enqueue(work);
-    // Always drain the stream so that no copy still reads staging memory on return.
+    // Always drain the stream so that no copy or kernel still reads staging memory on
+    // return.
     const cudaError_t sync_error = cudaStreamSynchronize(stream_);
     absl::Status sync = CudaCall(sync_error, "CUDA batch");
     if (status.ok()) status = sync;
@@ -426,7 +428,7 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // Launches the decode on the uploaded inputs (dev: the nine device addresses in
+  // Launches the decode on the staged inputs (dev: the nine device addresses in
   // AddDecodeInputs' order) and copies the outputs back, or, for a batch of at most
   // direct_out_max_requests requests, has the decode write them into the mapped staging
   // (cuda_backend.h). after_append: the append kernel was the last work enqueued, so the
@@ -496,7 +498,8 @@ class CudaBackend : public Backend {
   DeviceBuffer k_new_, v_new_, a_layer_, a_slot_;
   // Decode metadata: [B] each; d_index_: flat indices; d_pages_: flat page tables.
   DeviceBuffer d_layer_, d_pto_, d_io_, d_topk_, d_perkv_, d_index_, d_pages_;
-  // Inputs of at most 16 KB go in one packed copy; larger ones into their buffers above.
+  // Inputs of at most 16 KB go in one packed copy; larger ones into their buffers above,
+  // or are read in place from the staging.
   InputUpload upload_;
 };
 

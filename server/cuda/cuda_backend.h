@@ -13,9 +13,10 @@
 // (and as many appended tokens; a prefill, with no decode, is copied), the bulk tensors
 // (q, gate [B, Hq, D] bf16; new K/V [N, Hkv, D] bf16) too large for the input pack
 // (input_upload.h), which would each be a copy of their own, are read by the kernels
-// straight from the mapped staging, each element once (q at a CTA's start, overlapping
-// its index -> page table -> row chain; gate prefetched towards L2, then read by the
-// finishing CTA; new K/V by the append). Measured on the H200 (bench/gpu/backend_bench.cc,
+// straight from the mapped staging (q by each of a request's chunk CTAs, one per 512
+// indices, at its start, overlapping its index -> page table -> row chain; gate
+// prefetched towards L2 by them, then read by the finishing CTA; new K/V once, by the
+// append). Measured on the H200 (bench/gpu/backend_bench.cc,
 // session 12, three runs, against direct outputs alone): device time per batch of the
 // seed shape 52.7-53.7 -> 37.5-38.8 us at 32 requests, 80.6-84.0 -> 58.0-62.9 at 64,
 // 120.8-125.5 -> 97.2-104.3 at 128, 204.5-206.7 -> 168.4-173.4 at 256; at 8 requests

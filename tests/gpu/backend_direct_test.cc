@@ -313,7 +313,7 @@ TEST(CudaBackendDirectFallback, OutputsNotInStagingAreCopiedBack) {
     const CudaBatchPath p = LastCudaBatchPath(backend);
     EXPECT_EQ(p.direct_out, run == 1);
     EXPECT_FALSE(p.direct_lse);
-    EXPECT_FALSE(p.in_place_q);  // q and gate are std::vectors here
+    EXPECT_FALSE(p.in_place_q);  // one request: q and gate travel in the pack
     results[run].assign(d.out, d.out + out.size());
     for (uint16_t x : results[run]) ASSERT_NE(x & 0x7F80, 0x7F80);
     for (float x : lse) ASSERT_TRUE(std::isfinite(x));
