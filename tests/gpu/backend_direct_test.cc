@@ -322,6 +322,84 @@ TEST(CudaBackendDirectFallback, OutputsNotInStagingAreCopiedBack) {
   backend.FreeStaging(staged_out);
 }
 
+// q and gate too large for the input pack (3 requests: 24 KB each) are read in place
+// only when they lie in staging: in std::vectors they are uploaded (read in place, the
+// kernels would take host addresses for device ones). Same bits either way, and the
+// outputs depend on q (random K/V, three different q): not all equal.
+TEST(CudaBackendDirectFallback, LargeInputsNotInStagingAreUploaded) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  constexpr int kB = 3;
+  auto created = CreateCudaBackend(Config(ScaleMode::kPerTensor), CudaBackendOptions{});
+  ASSERT_TRUE(created.ok()) << created.status();
+  Backend& backend = **created;
+  ASSERT_TRUE(backend.cache().CreateSequence("s", 0).ok());
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(backend.cache().PrepareWrite("s", 0, 0, 40, &slots).ok());
+  ASSERT_TRUE(backend.cache().CommitWrite("s", 0, 0, 40).ok());
+  std::vector<int32_t> table;
+  ASSERT_TRUE(backend.cache().AppendPageTable("s", &table).ok());
+  std::mt19937 rng(7);
+  {  // the 40 tokens' K/V, random (an append-only Run), so that out depends on q
+    const size_t kv = size_t{40} * kHkv * kD;
+    std::vector<uint16_t> k_new(kv), v_new(kv);
+    for (size_t e = 0; e < kv; ++e)
+      k_new[e] = RandomBf16(rng, 1.0f), v_new[e] = RandomBf16(rng, 1.0f);
+    std::vector<int32_t> a_layer(40, 0);
+    BatchWork prefill;
+    prefill.append = {40, k_new.data(), v_new.data(), a_layer.data(), slots.data()};
+    BatchTiming timing;
+    ASSERT_TRUE(backend.Run(prefill, &timing).ok());
+  }
+  const size_t qe = static_cast<size_t>(kB) * kHq * kD;
+  std::vector<uint16_t> q(qe), gate(qe);
+  for (size_t e = 0; e < qe; ++e) q[e] = RandomBf16(rng, 1.0f), gate[e] = RandomBf16(rng, 1.0f);
+  // Three requests of the one sequence, different lists (no append: nothing written).
+  std::vector<int32_t> layer(kB, 0), topk = {3, 5, 2},
+                                     indices = {0, 39, -1, 7, 8, 9, 10, 11, 39, 1};
+  std::vector<int64_t> io = {0, 3, 8}, pto(kB, 0);
+  std::vector<uint8_t> perkv(kB, 0);
+  auto* staged_q = static_cast<uint16_t*>(backend.AllocateStaging(qe * 2));
+  auto* staged_gate = static_cast<uint16_t*>(backend.AllocateStaging(qe * 2));
+  auto* out = static_cast<uint16_t*>(backend.AllocateStaging(qe * 2));
+  ASSERT_TRUE(staged_q != nullptr && staged_gate != nullptr && out != nullptr);
+  std::copy(q.begin(), q.end(), staged_q);
+  std::copy(gate.begin(), gate.end(), staged_gate);
+  BatchWork work;
+  DecodeBatch& d = work.decode;
+  d.num_requests = kB;
+  d.num_q_heads = kHq;
+  d.layer = layer.data();
+  d.page_table = table.data();
+  d.page_table_offset = pto.data();
+  d.indices = indices.data();
+  d.index_offset = io.data();
+  d.topk = topk.data();
+  d.indices_per_kv_head = perkv.data();
+  d.out = out;
+  // Run 0: q and gate in std::vectors (uploaded); run 1: in staging (read in place).
+  std::vector<uint16_t> results[2];
+  for (int run = 0; run < 2; ++run) {
+    d.q = run == 0 ? q.data() : staged_q;
+    d.gate = run == 0 ? gate.data() : staged_gate;
+    std::fill(out, out + qe, 0xFFFF);
+    BatchTiming timing;
+    const absl::Status st = backend.Run(work, &timing);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(LastCudaBatchPath(backend).in_place_q, run == 1) << "run " << run;
+    results[run].assign(out, out + qe);
+    for (uint16_t x : results[run]) ASSERT_NE(x & 0x7F80, 0x7F80) << "run " << run;
+  }
+  EXPECT_TRUE(results[0] == results[1]);
+  const auto row = [&](int r) {
+    return std::vector<uint16_t>(results[0].begin() + r * kHq * kD,
+                                 results[0].begin() + (r + 1) * kHq * kD);
+  };
+  EXPECT_NE(row(0), row(1)) << "requests 0 and 1 gave the same outputs";
+  for (void* p :
+       {static_cast<void*>(staged_q), static_cast<void*>(staged_gate), static_cast<void*>(out)})
+    backend.FreeStaging(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, CudaBackendDirect,
                          ::testing::Values(ScaleMode::kPerTensor, ScaleMode::kPerTokenHead));
 
