@@ -4,8 +4,10 @@
 # Shapes (SHAPES): seed = 32/8 heads, D 128, top-K 512; small = 8/2 heads, D 64,
 # top-K 64 (so that on a small CPU host the attention maths is not the limit).
 # Cases per shape: 1, 16 and 256 concurrent streams, DecodeBatch of 64 and 256.
-# Prints throughput and p99 as ratios to the echo ceiling; fails on an empty or crashed run
-# and on a case that did not write its JSON (or its PNGs, when gnuplot is there).
+# Prints throughput and p99 as ratios to the echo ceiling, and for the stream cases the
+# server's own p99 of sds_stream_answer_send_seconds over the case (its /metrics scraped
+# before and after; warm-up included); fails on an empty or crashed run, on a case that
+# did not write its JSON (or its PNGs, when gnuplot is there), and on a failed scrape.
 #
 #   bash bench/e2e/run_e2e_bench.sh [BIN_DIR]
 # BIN_DIR: a CMake build dir (default build) or a flat dir holding decode_server,
@@ -71,12 +73,21 @@ wait_port() {  # pid port name
   echo "run_e2e_bench: $3 not listening on $2" >&2; exit 1
 }
 
+# The server's /metrics text into a file (fails the run when the server does not answer).
+scrape() {  # port file
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
+    "http://127.0.0.1:" + sys.argv[1] + "/metrics", timeout=10).read().decode())' "$1" >"$2"
+}
+
 run() {  # name target pid extra-flags...
   local name=$1 target=$2 pid=$3; shift 3
   echo "== $name" >&2
   # An earlier run's files must not pass for this run's.
   rm -f "$OUT_DIR/$name.json" "$OUT_DIR/$name.txt" "$OUT_DIR/${name}_latency_time.png" \
-    "$OUT_DIR/${name}_latency_dist.png" "$OUT_DIR/${name}"_*.dat "$OUT_DIR/${name}_plots.gp"
+    "$OUT_DIR/${name}_latency_dist.png" "$OUT_DIR/${name}"_*.dat "$OUT_DIR/${name}_plots.gp" \
+    "$OUT_DIR/${name}"_metrics_*.txt
+  # The server's histograms before and after the case (answer send time per stream case).
+  if [[ $name == server_* ]]; then scrape "$METRICS_PORT" "$OUT_DIR/${name}_metrics_before.txt"; fi
   local plot=(--plot_prefix="$OUT_DIR/$name")
   if ((!PLOT)); then plot+=(--plot_render=false); fi
   if ! "$LOADGEN" --target="$target" --prefill_len="$PREFILL" --topk="$TOPK" \
@@ -87,6 +98,7 @@ run() {  # name target pid extra-flags...
     echo "run_e2e_bench: FAILED: $name (empty run, errors or outputs not written)" >&2; exit 1
   fi
   kill -0 "$pid" 2>/dev/null || { echo "run_e2e_bench: FAILED: server died during $name" >&2; exit 1; }
+  if [[ $name == server_* ]]; then scrape "$METRICS_PORT" "$OUT_DIR/${name}_metrics_after.txt"; fi
   local want=("$OUT_DIR/$name.json")
   if ((PLOT)); then
     want+=("$OUT_DIR/${name}_latency_time.png" "$OUT_DIR/${name}_latency_dist.png")
@@ -112,9 +124,10 @@ for shape in $SHAPES; do
     >"$OUT_DIR/echo_server_$shape.log" 2>&1 &
   ECHO_PID=$!; PIDS+=("$ECHO_PID")
   SERVER_PORT=$(free_port)
+  METRICS_PORT=$(free_port)
   # Cache for the largest run: 256 sequences x (prefill + 256 new + 1) tokens, K+V FP8, all layers, 2x slack.
   CACHE_BYTES=$(( 256 * (PREFILL + 257) * HKV * D * 2 * LAYERS * 2 ))
-  "$SERVER" --listen=127.0.0.1:$SERVER_PORT --metrics_listen=127.0.0.1:$(free_port) \
+  "$SERVER" --listen=127.0.0.1:$SERVER_PORT --metrics_listen=127.0.0.1:$METRICS_PORT \
     --backend="$BACKEND" "${SHAPE[@]}" --page_size=64 --cache_bytes=$CACHE_BYTES \
     --max_batch_size=256 --max_queue_delay_us="$QUEUE_DELAY_US" --cpu_threads="$CPU_THREADS" \
     "${EXTRA[@]}" \
@@ -137,11 +150,36 @@ for shape in $SHAPES; do
 done
 
 python3 - "$OUT_DIR" "$BACKEND" "${ALL[@]}" <<'PY' | tee "$OUT_DIR/summary.md"
-import json, sys
+import json, re, sys
 out, backend, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+def buckets(path, family):
+    """Cumulative (le, count) of one histogram in a /metrics text; [] when absent."""
+    text = open(path).read()
+    return [(float(m.group(1)), int(m.group(2)))
+            for m in re.finditer(family + r'_bucket\{le="([^"]+)"\} (\d+)', text)]
+
+def send_p99_us(n):
+    """p99 of sds_stream_answer_send_seconds over the case (after - before scrape), linear
+    inside its bucket as Prometheus' histogram_quantile; "-" without observations."""
+    fam = "sds_stream_answer_send_seconds"
+    after = buckets(f"{out}/server_{n}_metrics_after.txt", fam)
+    before = dict(buckets(f"{out}/server_{n}_metrics_before.txt", fam))
+    delta = [(le, c - before.get(le, 0)) for le, c in after]
+    if not delta or delta[-1][1] <= 0:
+        return "-"
+    rank, lo, prev = 0.99 * delta[-1][1], 0.0, 0
+    for le, c in delta:
+        if c >= rank:
+            if le == float("inf"):
+                return f">{lo * 1e6:.0f}"
+            return f"{(lo + (le - lo) * (rank - prev) / max(c - prev, 1)) * 1e6:.0f}"
+        lo, prev = le, c
+    return "-"
+
 print(f"backend: {backend}; shapes: small = 8/2 heads D64 top-K 64, seed = 32/8 heads D128 top-K 512")
-print("| case | echo tok-layers/s | server tok-layers/s | throughput / echo | echo p99 us | server p99 us | p99 / echo | server queue p99 us | server compute p99 us |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| case | echo tok-layers/s | server tok-layers/s | throughput / echo | echo p99 us | server p99 us | p99 / echo | server queue p99 us | server compute p99 us | server answer send p99 us |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n in names:
     e = json.load(open(f"{out}/echo_{n}.json"))
     s = json.load(open(f"{out}/server_{n}.json"))
@@ -151,7 +189,7 @@ for n in names:
     print(f"| {n} | {e['token_layers_per_s']:.0f} | {s['token_layers_per_s']:.0f} | "
           f"{s['token_layers_per_s'] / e['token_layers_per_s']:.3f} | {e['latency_us']['p99']} | "
           f"{s['latency_us']['p99']} | {s['latency_us']['p99'] / max(e['latency_us']['p99'], 1):.1f} | "
-          f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} |")
+          f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} | {send_p99_us(n)} |")
 PY
 if ((PLOT)); then
   echo "run_e2e_bench: results in $OUT_DIR (JSON, tables, PNG plots)" >&2
