@@ -287,12 +287,17 @@ class CudaBackend : public Backend {
             &d_io_,    &d_topk_,  &d_perkv_, &d_index_,  &d_pages_};
   }
 
-  // Marks both inputs (of equal size) to be read in place when they are too large for
-  // the pack (so each would be a copy of its own) and both lie in mapped staging (device
-  // addresses 16-byte aligned); returns whether they were. Packed, they cost no copy of
-  // their own, and read in place they measured slower (1 request, bench/RESULTS.md).
-  bool InPlace(InputUpload::Input* x, InputUpload::Input* y) const {
-    if (x->bytes <= InputUpload::kPackPieceBytes || y->bytes <= InputUpload::kPackPieceBytes)
+  // Marks the last two inputs (a pair of equal size: q and gate, or new K and V) of a
+  // batch of `rows` requests or tokens to be read in place when rows is within
+  // options_.in_place_inputs_max_requests, they are too large for the pack (so each would
+  // be a copy of its own) and both lie in mapped staging (device addresses 16-byte
+  // aligned); returns whether they were. Packed, they cost no copy of their own, and read
+  // in place they measured slower (1 request, bench/RESULTS.md).
+  bool InPlace(int32_t rows, std::vector<InputUpload::Input>* inputs) const {
+    InputUpload::Input* x = &(*inputs)[inputs->size() - 2];
+    InputUpload::Input* y = &(*inputs)[inputs->size() - 1];
+    if (rows > options_.in_place_inputs_max_requests || x->bytes <= InputUpload::kPackPieceBytes ||
+        y->bytes <= InputUpload::kPackPieceBytes)
       return false;
     const void* dx = staging_.DeviceAddress(x->host, x->bytes);
     const void* dy = staging_.DeviceAddress(y->host, y->bytes);
@@ -342,8 +347,7 @@ class CudaBackend : public Backend {
       inputs.push_back(Input(&v_new_, a.v_new, n * row, "appended v"));
       // Only a decode batch's own new tokens: a prefill (append only, up to thousands of
       // tokens) keeps its copy (not measured in place).
-      if (d.num_requests > 0 && a.num_tokens <= options_.in_place_inputs_max_requests)
-        path_.in_place_new_kv = InPlace(&inputs[inputs.size() - 2], &inputs[inputs.size() - 1]);
+      if (d.num_requests > 0) path_.in_place_new_kv = InPlace(a.num_tokens, &inputs);
       inputs.push_back(Input(&a_layer_, a.layer, n, "append layers"));
       inputs.push_back(Input(&a_slot_, a.slot, n, "append slots"));
     }
@@ -414,8 +418,7 @@ class CudaBackend : public Backend {
     const size_t rows = b;
     inputs->push_back(Input(&q_, d.q, elems, "q"));
     inputs->push_back(Input(&gate_, d.gate, elems, "gate"));
-    if (b <= options_.in_place_inputs_max_requests)
-      path_.in_place_q = InPlace(&(*inputs)[inputs->size() - 2], &(*inputs)[inputs->size() - 1]);
+    path_.in_place_q = InPlace(b, inputs);
     inputs->push_back(Input(&d_layer_, d.layer, rows, "layers"));
     inputs->push_back(Input(&d_pto_, d.page_table_offset, rows, "page table offsets"));
     inputs->push_back(Input(&d_io_, d.index_offset, rows, "index offsets"));

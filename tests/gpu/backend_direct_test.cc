@@ -261,44 +261,84 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
   EXPECT_EQ(runs, 12);
 }
 
+// A fresh backend holding one sequence "s" of 40 tokens in layer 0, their K/V random
+// (written by an append-only Run, so that outputs depend on q), and the host arrays of a
+// decode batch over it (index lists in the shared form, layer 0).
+struct OneSequence {
+  std::unique_ptr<Backend> backend;
+  std::vector<int32_t> table;  // the sequence's page table
+  std::vector<int32_t> layer, topk, indices;
+  std::vector<int64_t> io, pto;
+  std::vector<uint8_t> perkv;
+
+  void AddRequest(const std::vector<int32_t>& list) {
+    layer.push_back(0);
+    topk.push_back(static_cast<int32_t>(list.size()));
+    io.push_back(static_cast<int64_t>(indices.size()));
+    pto.push_back(0);
+    perkv.push_back(0);
+    indices.insert(indices.end(), list.begin(), list.end());
+  }
+  // Every field of `work`'s decode but q, gate, out and lse.
+  void Describe(BatchWork* work) const {
+    DecodeBatch& d = work->decode;
+    d.num_requests = static_cast<int32_t>(layer.size());
+    d.num_q_heads = kHq;
+    d.layer = layer.data();
+    d.page_table = table.data();
+    d.page_table_offset = pto.data();
+    d.indices = indices.data();
+    d.index_offset = io.data();
+    d.topk = topk.data();
+    d.indices_per_kv_head = perkv.data();
+  }
+};
+
+void MakeOneSequence(const CudaBackendOptions& options, std::mt19937& rng, OneSequence* s) {
+  auto created = CreateCudaBackend(Config(ScaleMode::kPerTensor), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  s->backend = *std::move(created);
+  PagedKvCache& cache = s->backend->cache();
+  constexpr int kTokens = 40;
+  ASSERT_TRUE(cache.CreateSequence("s", 0).ok());
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache.PrepareWrite("s", 0, 0, kTokens, &slots).ok());
+  ASSERT_TRUE(cache.CommitWrite("s", 0, 0, kTokens).ok());
+  ASSERT_TRUE(cache.AppendPageTable("s", &s->table).ok());
+  const size_t kv = size_t{kTokens} * kHkv * kD;
+  std::vector<uint16_t> k_new(kv), v_new(kv);
+  for (size_t e = 0; e < kv; ++e)
+    k_new[e] = RandomBf16(rng, 1.0f), v_new[e] = RandomBf16(rng, 1.0f);
+  std::vector<int32_t> a_layer(kTokens, 0);
+  BatchWork prefill;
+  prefill.append = {kTokens, k_new.data(), v_new.data(), a_layer.data(), slots.data()};
+  BatchTiming timing;
+  const absl::Status st = s->backend->Run(prefill, &timing);
+  ASSERT_TRUE(st.ok()) << st;
+}
+
 // Outputs outside AllocateStaging memory (here: a std::vector) are copied back even in
 // a small batch; out in staging and lse outside it each take their own path.
 TEST(CudaBackendDirectFallback, OutputsNotInStagingAreCopiedBack) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
   CudaBackendOptions options;
   options.direct_out_max_requests = kThreshold;
-  auto created = CreateCudaBackend(Config(ScaleMode::kPerTensor), options);
-  ASSERT_TRUE(created.ok()) << created.status();
-  Backend& backend = **created;
-  ASSERT_TRUE(backend.cache().CreateSequence("s", 0).ok());
-  std::vector<int64_t> slots;
-  ASSERT_TRUE(backend.cache().PrepareWrite("s", 0, 0, 40, &slots).ok());
-  ASSERT_TRUE(backend.cache().CommitWrite("s", 0, 0, 40).ok());
-  std::vector<int32_t> table;
-  ASSERT_TRUE(backend.cache().AppendPageTable("s", &table).ok());
   std::mt19937 rng(5);
+  OneSequence seq;
+  ASSERT_NO_FATAL_FAILURE(MakeOneSequence(options, rng, &seq));
+  Backend& backend = *seq.backend;
+  seq.AddRequest({0, 39, -1});
   std::vector<uint16_t> q(kHq * kD), gate(kHq * kD), out(kHq * kD, 0xFFFF);
   for (size_t e = 0; e < q.size(); ++e)
     q[e] = RandomBf16(rng, 1.0f), gate[e] = RandomBf16(rng, 1.0f);
-  std::vector<int32_t> layer = {0}, topk = {3}, indices = {0, 39, -1};
-  std::vector<int64_t> io = {0}, pto = {0};
-  std::vector<uint8_t> perkv = {0};
   std::vector<float> lse(kHq, NAN);
   auto* staged_out = static_cast<uint16_t*>(backend.AllocateStaging(out.size() * 2));
   ASSERT_NE(staged_out, nullptr);
   BatchWork work;
+  seq.Describe(&work);
   DecodeBatch& d = work.decode;
-  d.num_requests = 1;
-  d.num_q_heads = kHq;
   d.q = q.data();
   d.gate = gate.data();
-  d.layer = layer.data();
-  d.page_table = table.data();
-  d.page_table_offset = pto.data();
-  d.indices = indices.data();
-  d.index_offset = io.data();
-  d.topk = topk.data();
-  d.indices_per_kv_head = perkv.data();
   d.lse = lse.data();
   // Run 0: out in a std::vector (copied back); run 1: out in staging (direct).
   std::vector<uint16_t> results[2];
@@ -328,36 +368,16 @@ TEST(CudaBackendDirectFallback, OutputsNotInStagingAreCopiedBack) {
 // outputs depend on q (random K/V, three different q): not all equal.
 TEST(CudaBackendDirectFallback, LargeInputsNotInStagingAreUploaded) {
   if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
-  constexpr int kB = 3;
-  auto created = CreateCudaBackend(Config(ScaleMode::kPerTensor), CudaBackendOptions{});
-  ASSERT_TRUE(created.ok()) << created.status();
-  Backend& backend = **created;
-  ASSERT_TRUE(backend.cache().CreateSequence("s", 0).ok());
-  std::vector<int64_t> slots;
-  ASSERT_TRUE(backend.cache().PrepareWrite("s", 0, 0, 40, &slots).ok());
-  ASSERT_TRUE(backend.cache().CommitWrite("s", 0, 0, 40).ok());
-  std::vector<int32_t> table;
-  ASSERT_TRUE(backend.cache().AppendPageTable("s", &table).ok());
   std::mt19937 rng(7);
-  {  // the 40 tokens' K/V, random (an append-only Run), so that out depends on q
-    const size_t kv = size_t{40} * kHkv * kD;
-    std::vector<uint16_t> k_new(kv), v_new(kv);
-    for (size_t e = 0; e < kv; ++e)
-      k_new[e] = RandomBf16(rng, 1.0f), v_new[e] = RandomBf16(rng, 1.0f);
-    std::vector<int32_t> a_layer(40, 0);
-    BatchWork prefill;
-    prefill.append = {40, k_new.data(), v_new.data(), a_layer.data(), slots.data()};
-    BatchTiming timing;
-    ASSERT_TRUE(backend.Run(prefill, &timing).ok());
-  }
-  const size_t qe = static_cast<size_t>(kB) * kHq * kD;
+  OneSequence seq;
+  ASSERT_NO_FATAL_FAILURE(MakeOneSequence(CudaBackendOptions{}, rng, &seq));
+  Backend& backend = *seq.backend;
+  for (const std::vector<int32_t>& list :
+       {std::vector<int32_t>{0, 39, -1}, {7, 8, 9, 10, 11}, {39, 1}})
+    seq.AddRequest(list);
+  const size_t qe = seq.layer.size() * kHq * kD;
   std::vector<uint16_t> q(qe), gate(qe);
   for (size_t e = 0; e < qe; ++e) q[e] = RandomBf16(rng, 1.0f), gate[e] = RandomBf16(rng, 1.0f);
-  // Three requests of the one sequence, different lists (no append: nothing written).
-  std::vector<int32_t> layer(kB, 0), topk = {3, 5, 2},
-                                     indices = {0, 39, -1, 7, 8, 9, 10, 11, 39, 1};
-  std::vector<int64_t> io = {0, 3, 8}, pto(kB, 0);
-  std::vector<uint8_t> perkv(kB, 0);
   auto* staged_q = static_cast<uint16_t*>(backend.AllocateStaging(qe * 2));
   auto* staged_gate = static_cast<uint16_t*>(backend.AllocateStaging(qe * 2));
   auto* out = static_cast<uint16_t*>(backend.AllocateStaging(qe * 2));
@@ -365,16 +385,8 @@ TEST(CudaBackendDirectFallback, LargeInputsNotInStagingAreUploaded) {
   std::copy(q.begin(), q.end(), staged_q);
   std::copy(gate.begin(), gate.end(), staged_gate);
   BatchWork work;
+  seq.Describe(&work);
   DecodeBatch& d = work.decode;
-  d.num_requests = kB;
-  d.num_q_heads = kHq;
-  d.layer = layer.data();
-  d.page_table = table.data();
-  d.page_table_offset = pto.data();
-  d.indices = indices.data();
-  d.index_offset = io.data();
-  d.topk = topk.data();
-  d.indices_per_kv_head = perkv.data();
   d.out = out;
   // Run 0: q and gate in std::vectors (uploaded); run 1: in staging (read in place).
   std::vector<uint16_t> results[2];
