@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu_attention_item.h"
 #include "kernels/fp8.h"
@@ -137,7 +138,9 @@ const Bf16ByteTables& ByteTables() {
 struct TableKeys {
   __m512i high_a, high_b, low_a, low_b;
   void Dequantise(const uint8_t* codes_ptr, __m512bh* first, __m512bh* second) const {
-    const __m512i codes = _mm512_loadu_si512(codes_ptr);
+    Dequantise(_mm512_loadu_si512(codes_ptr), first, second);
+  }
+  void Dequantise(__m512i codes, __m512bh* first, __m512bh* second) const {
     // high byte from the table (bits 0..6 of the code), sign from bit 7: a | (b & c).
     const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high_a, codes, high_b),
                                                    codes, _mm512_set1_epi8(-128), 0xF8);
@@ -213,6 +216,73 @@ inline void ScoreTile(const TableKeys& lookup, const uint8_t* const* codes, cons
   }
 }
 
+// In-register 16 x 16 transpose of dwords: on return v[j] holds dword j of the 16 input
+// vectors, input i in lane i (four shuffle stages of 16 instructions).
+inline void TransposeSixteenDwords(__m512i* v) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int g = 0; g < 16; g += 8)
+    for (int m = 0; m < 4; ++m) {
+      t[g + m] = _mm512_shuffle_i32x4(v[g + m], v[g + 4 + m], 0x88);
+      t[g + 4 + m] = _mm512_shuffle_i32x4(v[g + m], v[g + 4 + m], 0xDD);
+    }
+  for (int m = 0; m < 8; ++m) {
+    v[m] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0x88);
+    v[8 + m] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0xDD);
+  }
+}
+
+// Rows per tile of ScoreTileRowsInLanes.
+constexpr int kLaneRows = 16;
+
+// One score tile of 16 rows x 4 query heads of one KV head with the rows in the lanes,
+// so that no sum needs a horizontal reduction (ScoreTile spends most of its time on
+// those at D 64): per 64 dimensions the 16 rows' K codes are transposed (vector j: dims
+// 4j..4j+3 of every row), looked up as bf16 (TableKeys: `first` holds rows 4L, 4L+1 of
+// each 128-bit lane L as (dims 4j, 4j+1), (4j+2, 4j+3) pairs, `second` rows 4L+2, 4L+3)
+// and multiplied with q's dims 4j..4j+3 broadcast; a final shuffle adds each row's two
+// pair sums. codes: [16] pointers to [D] FP8 K codes; query: [4, D] bf16 (not
+// permuted); factor: [16] k_scale / sqrt(D); scores: [4, stride] out, columns 0..15.
+// D % 64 == 0.
+inline void ScoreTileRowsInLanes(const TableKeys& lookup, const uint8_t* const* codes,
+                                 const uint16_t* query, int head_dim, const float* factor,
+                                 float* scores, int stride) {
+  constexpr int kHeads = 4;
+  __m512 first_acc[kHeads], second_acc[kHeads];
+  for (int h = 0; h < kHeads; ++h) first_acc[h] = second_acc[h] = _mm512_setzero_ps();
+  for (int c = 0; c < head_dim / 64; ++c) {
+    __m512i column[16];
+    for (int i = 0; i < 16; ++i) column[i] = _mm512_loadu_si512(codes[i] + 64 * c);
+    TransposeSixteenDwords(column);
+    for (int j = 0; j < 16; ++j) {
+      __m512bh first, second;
+      lookup.Dequantise(column[j], &first, &second);
+      for (int h = 0; h < kHeads; ++h) {
+        int64_t pairs;  // q[h][64c + 4j .. 64c + 4j + 3], bf16
+        std::memcpy(&pairs, query + h * head_dim + 64 * c + 4 * j, sizeof pairs);
+        const __m512bh q = (__m512bh)_mm512_set1_epi64(pairs);
+        first_acc[h] = _mm512_dpbf16_ps(first_acc[h], first, q);
+        second_acc[h] = _mm512_dpbf16_ps(second_acc[h], second, q);
+      }
+    }
+  }
+  const __m512 factors = _mm512_loadu_ps(factor);
+  for (int h = 0; h < kHeads; ++h) {
+    const __m512 dots = _mm512_add_ps(_mm512_shuffle_ps(first_acc[h], second_acc[h], 0x88),
+                                      _mm512_shuffle_ps(first_acc[h], second_acc[h], 0xDD));
+    _mm512_storeu_ps(scores + h * stride, _mm512_mul_ps(dots, factors));
+  }
+}
+
 // The fused item's score pass: each tile of token slots is read once for all kv_heads
 // KV heads (K codes of a slot: kv_heads * D contiguous bytes). scores: [H * G, stride].
 template <int kHeads>
@@ -229,25 +299,29 @@ void FusedScorePass(const DecodeItem& item, int stride) {
       for (int byte = 0; byte < span; byte += 64)
         __builtin_prefetch(item.k_layer + item.rows[n] * head_dim + byte, 0, 3);
   const int next_rows = item.next_rows == nullptr ? 0 : item.next_num_rows;
-  for (int n0 = 0; n0 < stride; n0 += kRows) {
-    const uint8_t* codes[kRows];
-    const uint8_t* future[kRows];  // the slots `ahead` rows on (or nullptr past the end)
-    for (int t = 0; t < kRows; ++t) {
+  for (int n0 = 0; n0 < stride;) {
+    // G == 4 runs 16-row tiles with the rows in the lanes while 16 rows remain (stride
+    // is a multiple of 8: at most one ScoreTile pair of 4-row tiles ends the pass).
+    const bool lanes = kHeads == 4 && n0 + kLaneRows <= stride;
+    const int rows = lanes ? kLaneRows : kRows;
+    const uint8_t* codes[kLaneRows];
+    const uint8_t* future[kLaneRows];  // the slots `ahead` rows on (or nullptr past the end)
+    for (int t = 0; t < rows; ++t) {
       codes[t] = item.k_layer + item.rows[n0 + t] * head_dim;
       const int n = n0 + t + ahead;
       future[t] = own && n < stride ? item.k_layer + item.rows[n] * head_dim : nullptr;
     }
     // The next item's K rows that fall to this tile (the same share of its rows).
-    const int next_begin = n0 * next_rows / stride, next_end = (n0 + kRows) * next_rows / stride;
+    const int next_begin = n0 * next_rows / stride, next_end = (n0 + rows) * next_rows / stride;
     for (int b = 0; b < kv_heads; ++b) {
       // Prefetches spread over the heads (a few lines at a time, so none are dropped):
       // head b's D bytes of each future slot.
-      for (int t = 0; t < kRows; ++t)
+      for (int t = 0; t < rows; ++t)
         if (future[t] != nullptr)
           for (int byte = 0; byte < head_dim; byte += 64)
             __builtin_prefetch(future[t] + b * head_dim + byte, 0, 3);
       if (own && item.prefetch_values_early)  // this tile's V rows, for the value pass
-        for (int t = 0; t < kRows; ++t)
+        for (int t = 0; t < rows; ++t)
           for (int byte = 0; byte < head_dim; byte += 64)
             __builtin_prefetch(item.v_layer + item.rows[n0 + t] * head_dim + b * head_dim + byte, 0,
                                3);
@@ -255,13 +329,20 @@ void FusedScorePass(const DecodeItem& item, int stride) {
         for (int byte = 0; byte < head_dim; byte += 64)
           __builtin_prefetch(item.next_k_layer + item.next_rows[n] * head_dim + b * head_dim + byte,
                              0, kNextItemLocality);
-      float factor[kRows];
-      for (int t = 0; t < kRows; ++t)
+      float factor[kLaneRows];
+      for (int t = 0; t < rows; ++t)
         factor[t] = item.k_scale[b * stride + n0 + t] * item.inv_sqrt_d;
-      ScoreTile<kHeads>(lookup, codes, query + b * kHeads * head_dim, head_dim, factor,
-                        item.scores + b * kHeads * stride + n0, stride);
-      for (int t = 0; t < kRows; ++t) codes[t] += head_dim;
+      float* scores = item.scores + b * kHeads * stride + n0;
+      if (lanes) {
+        ScoreTileRowsInLanes(lookup, codes, item.q + b * kHeads * head_dim, head_dim, factor,
+                             scores, stride);
+      } else {
+        ScoreTile<kHeads>(lookup, codes, query + b * kHeads * head_dim, head_dim, factor, scores,
+                          stride);
+      }
+      for (int t = 0; t < rows; ++t) codes[t] += head_dim;
     }
+    n0 += rows;
   }
 }
 

@@ -420,6 +420,31 @@ void BM_CpuDecodeSmall(benchmark::State& state) {
   state.counters["ns_per_row"] = seconds * pool.num_threads() / state.iterations() / rows * 1e9;
 }
 
+// The small shape's kernel time with its rows in L2: one batch decoded over and over
+// (no append, no gap), for changes to the per-row arithmetic that the cold cases'
+// spread (10-20 % between runs on the 2-core VM) would hide. Argument: threads.
+void BM_CpuDecodeSmallHot(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  CpuThreadPool& pool = Pool(threads);
+  const DecodeShape shape{64, kSmallSequenceLength, kSmallLayers, 1};
+  DecodeSetup setup(ScaleMode::kPerTensor, kSmallModel, shape, false);
+  const CacheView view = setup.View();
+  DecodeBatch batch = setup.Batch(0);
+  batch.lse = nullptr;
+  const double rows =
+      static_cast<double>(shape.batch) * kSmallModel.num_kv_heads * kSmallModel.topk;
+  CpuDecode(view, batch, &pool);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    CpuDecode(view, batch, &pool);
+    seconds += Seconds(std::chrono::steady_clock::now() - start);
+    benchmark::DoNotOptimize(setup.out.data());
+  }
+  SetDecodeCounters(state, rows * kSmallModel.head_dim * 2, seconds, threads, pool.num_threads());
+  state.counters["us_per_request"] = seconds / state.iterations() / shape.batch * 1e6;
+}
+
 BENCHMARK(BM_ReadPass)
     ->ArgName("threads")
     ->Arg(0)
@@ -463,6 +488,12 @@ BENCHMARK(BM_CpuDecodeSmall)
     ->Args({64, 1, 1, 0})
     ->Args({256, 1, 1, 0})
     ->Args({64, 1, 1, 500})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(1.0);
+BENCHMARK(BM_CpuDecodeSmallHot)
+    ->ArgName("threads")
+    ->Arg(1)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
