@@ -3,14 +3,15 @@
 // copy back, and its kernels may read q, gate and the new K/V there, with no upload
 // (those too large for the input pack).
 // Three backends, one copying every input and output, one writing outputs directly up
-// to 16 requests, and one also reading those inputs in place up to 16 requests,
-// get the same Runs (prefill, then decode batches of 1, 3, 15, 16, 17 and 24 requests,
-// each with the append of its requests' new tokens, around the threshold, with and
-// without lse) and must give bit-identical out and lse, outputs poisoned before every
-// Run. Each batch mixes shared and per-KV-head index lists, -1 entries and top-K
-// 1..1000, and reads the token its append just wrote; its arrays are carved out of one
-// staging block like the server's. LastCudaBatchPath proves which path each Run took, so
-// a direct or in-place path that silently fell back to the copy would fail here.
+// to 16 requests, and one also reading those inputs in place up to 16 requests, get the
+// same Runs (prefill, a short append-only rewrite, then decode batches of 1, 2, 3, 8, 9,
+// 15, 16, 17 and 24 requests, each with the append of its requests' new tokens, around
+// the threshold and the input pack's piece size, with and without lse) and must give
+// bit-identical out and lse, outputs poisoned before every Run. Each batch mixes shared
+// and per-KV-head index lists, -1 entries and top-K 1..1000, and reads the token its
+// append just wrote; its arrays are carved out of one staging block like the server's.
+// LastCudaBatchPath proves which path each Run took, so a direct or in-place path that
+// silently fell back to the copy would fail here.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -190,9 +191,24 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
       for (auto& backend : backends) RunOn(*backend, w);
     }
   }
+  // A prefill (append only) copies its new K/V even where a decode batch's would be read
+  // in place: 12 tokens (24 KB of K, within the 16-request threshold) rewrite the end of
+  // sequence 0, layer 1, with fresh data.
+  {
+    constexpr int kTokens = 12;
+    HostWork w;
+    const size_t elems = size_t{kTokens} * kHkv * kD;
+    w.k_new.resize(elems);
+    w.v_new.resize(elems);
+    for (size_t e = 0; e < elems; ++e)
+      w.k_new[e] = RandomBf16(rng, 1.0f), w.v_new[e] = RandomBf16(rng, 1.0f);
+    w.a_layer.assign(kTokens, 1);
+    w.slot.assign(slots[0].end() - kTokens, slots[0].end());
+    for (auto& backend : backends) EXPECT_FALSE(RunOn(*backend, w).path.in_place_new_kv);
+  }
   const int topks[] = {1, 100, 512, 513, 1000};
   int runs = 0;
-  for (int b : {1, 3, 15, 16, 17, 24}) {
+  for (int b : {1, 2, 3, 8, 9, 15, 16, 17, 24}) {
     for (bool with_lse : {false, true}) {
       SCOPED_TRACE(testing::Message() << b << " requests, lse " << with_lse);
       // Each request rewrites its sequence's last token (new data) and attends to it.
@@ -238,7 +254,8 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
         EXPECT_EQ(got[v].path.direct_out, v > 0 && small);
         EXPECT_EQ(got[v].path.direct_lse, v > 0 && small && with_lse);
         // In place only when too large for the pack: q and gate from 3 requests (8 KB
-        // each per request), new K/V from 9 tokens (2 KB each per token; one per request).
+        // each per request), new K/V from 9 tokens (2 KB each per token; one per request);
+        // exactly a piece (2 requests' q, 8 tokens' K) stays packed.
         EXPECT_EQ(got[v].path.in_place_q, v == 2 && small && b >= 3);
         EXPECT_EQ(got[v].path.in_place_new_kv, v == 2 && small && b >= 9);
         // Bitwise: out of every request and head, lse as float bits.
@@ -258,7 +275,7 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
       for (float x : got[0].lse) ASSERT_FALSE(std::isnan(x));
     }
   }
-  EXPECT_EQ(runs, 12);
+  EXPECT_EQ(runs, 18);
 }
 
 // A fresh backend holding one sequence "s" of 40 tokens in layer 0, their K/V random
