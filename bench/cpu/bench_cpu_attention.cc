@@ -494,6 +494,7 @@ BENCHMARK(BM_CpuDecodeSmall)
 BENCHMARK(BM_CpuDecodeSmallHot)
     ->ArgName("threads")
     ->Arg(1)
+    ->Arg(0)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
