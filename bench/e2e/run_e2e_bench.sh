@@ -14,7 +14,9 @@
 #   echo_server and decode_loadgen (e.g. gpu_bundle/bin).
 # Knobs (environment): BACKEND (cpu | cuda), SHAPES ("small seed"), LAYERS (2),
 #   PREFILL (576), DURATION_S (5), WARMUP_S (1), CPU_THREADS (0 = all),
-#   STREAMS ("1 16 256"), BATCHES ("64 256"), OUT_DIR, TIMEOUT_MS, QUEUE_DELAY_US (200),
+#   STREAMS ("1 16 256"), BATCHES ("64 256"), CHANNELS (1: the load generator's gRPC
+#   channels, i.e. TCP connections, for the echo and the server alike), OUT_DIR,
+#   TIMEOUT_MS, QUEUE_DELAY_US (200),
 #   SERVER_FLAGS (extra decode_server flags; default "--eager_batching", plus
 #   "--inline_idle_batches" with BACKEND=cpu, "--idle_spin_us=2000" with BACKEND=cuda
 #   (each measured faster with its backend: bench/RESULTS.md); "" for none).
@@ -32,6 +34,7 @@ WARMUP_S=${WARMUP_S:-1}
 CPU_THREADS=${CPU_THREADS:-0}
 STREAMS=${STREAMS:-"1 16 256"}
 BATCHES=${BATCHES:-"64 256"}
+CHANNELS=${CHANNELS:-1}
 TIMEOUT_MS=${TIMEOUT_MS:-10000}
 QUEUE_DELAY_US=${QUEUE_DELAY_US:-200}
 DEFAULT_FLAGS="--eager_batching"
@@ -92,7 +95,7 @@ run() {  # name target pid extra-flags...
   if ((!PLOT)); then plot+=(--plot_render=false); fi
   if ! "$LOADGEN" --target="$target" --prefill_len="$PREFILL" --topk="$TOPK" \
       --duration_s="$DURATION_S" --warmup_s="$WARMUP_S" --timeout_ms="$TIMEOUT_MS" \
-      --label="$name" --json_out="$OUT_DIR/$name.json" "${plot[@]}" "$@" \
+      --channels="$CHANNELS" --label="$name" --json_out="$OUT_DIR/$name.json" "${plot[@]}" "$@" \
       >"$OUT_DIR/$name.txt" 2>&1; then
     cat "$OUT_DIR/$name.txt" >&2
     echo "run_e2e_bench: FAILED: $name (empty run, errors or outputs not written)" >&2; exit 1
