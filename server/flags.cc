@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -48,11 +49,16 @@ ABSL_FLAG(int32_t, staging_threads, 1,
           "threads copying a batch's request tensors into staging (batches of 16 or more); "
           "1 = the batcher's thread alone (on the H200 host 4 measured within the run-to-run "
           "spread, bench/RESULTS.md)");
-ABSL_FLAG(int32_t, answer_threads, 0,
-          "threads writing DecodeStream answers of batches of two or more requests, so that "
-          "the batch's thread goes on (gRPC writes inline on the calling thread); 0 = the "
-          "batch's thread writes them (4 measured within the run-to-run spread on the H200 "
-          "host, bench/RESULTS.md); a batch of one is always answered by its thread");
+ABSL_FLAG(int32_t, answer_threads, -1,
+          "threads writing DecodeStream answers of batches of --answer_pool_min_batch or more "
+          "requests, so that the batch's thread goes on (gRPC writes inline on the calling "
+          "thread); 0 = the batch's thread writes them; -1 (auto) = 4 on hosts of 8 or more "
+          "cores, else 0 (on the H200 host at 256 streams over 4 connections the batch's "
+          "thread writing alone capped the server at half the echo's rate; on 2 cores the "
+          "threads compete with the batch: bench/RESULTS.md)");
+ABSL_FLAG(int32_t, answer_pool_min_batch, 32,
+          "batches of fewer requests are answered by their own thread even with answer "
+          "threads (at 16 streams the hand-off cost a 2 ms queue-wait tail on the H200 host)");
 ABSL_FLAG(int32_t, idle_spin_us, 0,
           "microseconds the batcher's two threads spin for new work before they sleep: a "
           "request arriving meanwhile skips a thread wake-up (lower latency at low load) "
@@ -129,6 +135,11 @@ absl::Status CheckPositive(const char* flag, int64_t value) {
 
 }  // namespace
 
+int32_t AnswerThreadsFor(int32_t flag, unsigned hardware_threads) {
+  if (flag != -1) return flag;
+  return hardware_threads >= 8 ? 4 : 0;
+}
+
 const char* ScaleModeName(ScaleMode mode) {
   return mode == ScaleMode::kPerTokenHead ? "per_token_head" : "per_tensor";
 }
@@ -158,6 +169,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.eager_batching = absl::GetFlag(FLAGS_eager_batching);
   opt.staging_threads = absl::GetFlag(FLAGS_staging_threads);
   opt.answer_threads = absl::GetFlag(FLAGS_answer_threads);
+  opt.answer_pool_min_batch = absl::GetFlag(FLAGS_answer_pool_min_batch);
   opt.idle_spin_us = absl::GetFlag(FLAGS_idle_spin_us);
   opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
@@ -187,8 +199,13 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad("--staging_threads must be in [1, 64]");
   if (opt.idle_spin_us < 0 || opt.idle_spin_us > 10000)
     return Bad("--idle_spin_us must be in [0, 10000]");
-  if (opt.answer_threads < 0 || opt.answer_threads > 64)
-    return Bad("--answer_threads must be in [0, 64]");
+  if (opt.answer_threads < -1 || opt.answer_threads > 64)
+    return Bad("--answer_threads must be in [0, 64], or -1 (auto)");
+  if (opt.answer_pool_min_batch < 2)
+    return Bad(
+        "--answer_pool_min_batch must be >= 2 (a batch of one is always answered by its "
+        "thread)");
+  opt.answer_threads = AnswerThreadsFor(opt.answer_threads, std::thread::hardware_concurrency());
   if (opt.inline_idle_batches && !opt.eager_batching) {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
   }

@@ -78,6 +78,7 @@ ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& mode
   config.model = model;
   config.auth_token = opt.auth_token;
   config.answer_threads = opt.answer_threads;
+  config.answer_pool_min_batch = opt.answer_pool_min_batch;
   const CacheConfig& cache = opt.backend_config.cache;
   sparse_decode::v1::ModelInfo& info = config.info;
   info.set_num_layers(cache.num_layers);
@@ -171,9 +172,10 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher.Start();
   spdlog::info(
       "batcher: max_batch_size {}, max_queue_delay {} us, eager {}, inline {}, "
-      "staging threads {}, idle spin {} us",
+      "staging threads {}, idle spin {} us; stream answer threads {} (batches of {}+)",
       batcher_options.max_batch_size, opt.max_queue_delay_us, batcher_options.eager,
-      batcher_options.run_on_submitter, batcher_options.staging_threads, opt.idle_spin_us);
+      batcher_options.run_on_submitter, batcher_options.staging_threads, opt.idle_spin_us,
+      opt.answer_threads, opt.answer_pool_min_batch);
 
   if (absl::Status s = RunSelfTest(batcher, backend->cache(), model); !s.ok()) {
     return Fail(

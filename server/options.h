@@ -20,8 +20,9 @@ struct ServerOptions {
   bool eager_batching = false;
   bool inline_idle_batches = false;
   int32_t staging_threads = 1;
-  int32_t answer_threads = 0;  // 0: no answer pool
-  int32_t idle_spin_us = 0;    // 0: the batcher threads sleep at once
+  int32_t answer_threads = 0;  // resolved (never -1 after OptionsFromFlags); 0: no answer pool
+  int32_t answer_pool_min_batch = 32;  // smaller batches are answered by their own thread
+  int32_t idle_spin_us = 0;            // 0: the batcher threads sleep at once
   int32_t drain_timeout_s = 0;
   std::string auth_token;  // empty = no authentication
 };
@@ -29,6 +30,11 @@ struct ServerOptions {
 // Reads the absl flags (after absl::ParseCommandLine) and checks their combination.
 // INVALID_ARGUMENT with one line naming the flag on a bad combination.
 absl::StatusOr<ServerOptions> OptionsFromFlags();
+
+// --answer_threads: -1 (auto) is 4 answer threads on hosts of at least 8 hardware
+// threads and none below (where they would take cores from the batch); other values
+// are kept.
+int32_t AnswerThreadsFor(int32_t flag, unsigned hardware_threads);
 
 // "per_tensor" | "per_token_head".
 const char* ScaleModeName(ScaleMode mode);
