@@ -527,6 +527,8 @@ TEST(ErrorsStandalone, InvalidFlagsFailAtStartWithOneLine) {
       {"--scale_mode=fp4"},
       {"--idle_spin_us=20000"},
       {"--idle_spin_us=-1"},
+      {"--answer_threads=-2"},
+      {"--answer_pool_min_batch=1"},
   };
   for (const auto& flags : bad) {
     std::string output;
