@@ -216,8 +216,8 @@ inline void ScoreTile(const TableKeys& lookup, const uint8_t* const* codes, cons
   }
 }
 
-// In-register 16 x 16 transpose of dwords: on return v[j] holds dword j of the 16 input
-// vectors, input i in lane i (four shuffle stages of 16 instructions).
+// In-register 16 x 16 transpose of dwords. v: [16] vectors of [16] dwords, in place: on
+// return v[j] lane i holds what was v[i] lane j (four shuffle stages of 16 instructions).
 inline void TransposeSixteenDwords(__m512i* v) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
@@ -291,7 +291,9 @@ void FusedScorePass(const DecodeItem& item, int stride) {
   const int head_dim = item.head_dim, kv_heads = item.kv_heads;
   const int span = kv_heads * head_dim, ahead = item.prefetch_rows;
   uint16_t* query = reinterpret_cast<uint16_t*>(item.q_f32);  // [H * G, D] bf16, permuted
-  PermuteQuery(item.q, kv_heads * kHeads * head_dim, query);
+  // ScoreTile's query order (the 16-row tiles of G == 4 read item.q as it is).
+  if (kHeads != 4 || stride % kLaneRows != 0)
+    PermuteQuery(item.q, kv_heads * kHeads * head_dim, query);
   const TableKeys lookup = LoadTableKeys();
   const bool own = !item.rows_prefetched;  // else the previous item prefetched K and V
   if (own)
@@ -333,13 +335,17 @@ void FusedScorePass(const DecodeItem& item, int stride) {
       for (int t = 0; t < rows; ++t)
         factor[t] = item.k_scale[b * stride + n0 + t] * item.inv_sqrt_d;
       float* scores = item.scores + b * kHeads * stride + n0;
-      if (lanes) {
-        ScoreTileRowsInLanes(lookup, codes, item.q + b * kHeads * head_dim, head_dim, factor,
-                             scores, stride);
-      } else {
+      bool tiled = false;
+      if constexpr (kHeads == 4) {
+        if (lanes) {
+          ScoreTileRowsInLanes(lookup, codes, item.q + b * kHeads * head_dim, head_dim, factor,
+                               scores, stride);
+          tiled = true;
+        }
+      }
+      if (!tiled)
         ScoreTile<kHeads>(lookup, codes, query + b * kHeads * head_dim, head_dim, factor, scores,
                           stride);
-      }
       for (int t = 0; t < rows; ++t) codes[t] += head_dim;
     }
     n0 += rows;

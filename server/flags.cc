@@ -49,13 +49,14 @@ ABSL_FLAG(int32_t, staging_threads, 1,
           "threads copying a batch's request tensors into staging (batches of 16 or more); "
           "1 = the batcher's thread alone (on the H200 host 4 measured within the run-to-run "
           "spread, bench/RESULTS.md)");
-ABSL_FLAG(int32_t, answer_threads, -1,
-          "threads writing DecodeStream answers of batches of --answer_pool_min_batch or more "
-          "requests, so that the batch's thread goes on (gRPC writes inline on the calling "
-          "thread); 0 = the batch's thread writes them; -1 (auto) = 4 on hosts of 8 or more "
-          "cores, else 0 (on the H200 host at 256 streams over 4 connections the batch's "
-          "thread writing alone capped the server at half the echo's rate; on 2 cores the "
-          "threads compete with the batch: bench/RESULTS.md)");
+ABSL_FLAG(
+    int32_t, answer_threads, -1,
+    "threads writing DecodeStream answers of batches of --answer_pool_min_batch or more "
+    "requests, so that the batch's thread goes on (gRPC writes inline on the calling "
+    "thread); 0 = the batch's thread writes them; -1 (auto) = 4 on hosts of 8 or more "
+    "hardware threads, else 0 (on the H200 host at 256 streams over 4 connections the batch's "
+    "thread writing alone capped the server at half the echo's rate; on 2 cores the "
+    "threads compete with the batch: bench/RESULTS.md)");
 ABSL_FLAG(int32_t, answer_pool_min_batch, 32,
           "batches of fewer requests are answered by their own thread even with answer "
           "threads (at 16 streams the hand-off cost a 2 ms queue-wait tail on the H200 host)");

@@ -98,7 +98,8 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   Metrics* const metrics_;
   PendingWrites pending_;  // before admission_, which points to it
   const DecodeAdmission admission_;
-  // Writes DecodeStream answers of multi-request batches (null with answer_threads 0).
+  // Writes DecodeStream answers of batches of answer_pool_min_batch or more requests (null
+  // with answer_threads 0).
   // Outlives every stream: the service is destroyed after the gRPC server shut down.
   std::unique_ptr<TaskPool> answer_pool_;
   std::atomic<bool> draining_{false};

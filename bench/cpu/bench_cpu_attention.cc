@@ -422,7 +422,8 @@ void BM_CpuDecodeSmall(benchmark::State& state) {
 
 // The small shape's kernel time with its rows in L2: one batch decoded over and over
 // (no append, no gap), for changes to the per-row arithmetic that the cold cases'
-// spread (10-20 % between runs on the 2-core VM) would hide. Argument: threads.
+// spread (10-20 % between runs on the 2-core VM) would hide. Argument: threads (0 = every
+// core).
 void BM_CpuDecodeSmallHot(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   CpuThreadPool& pool = Pool(threads);

@@ -152,7 +152,7 @@ for shape in $SHAPES; do
   wait "$ECHO_PID" "$SERVER_PID" 2>/dev/null || true
 done
 
-python3 - "$OUT_DIR" "$BACKEND" "${ALL[@]}" <<'PY' | tee "$OUT_DIR/summary.md"
+python3 - "$OUT_DIR" "$BACKEND ($CHANNELS gRPC connection(s) per load generator)" "${ALL[@]}" <<'PY' | tee "$OUT_DIR/summary.md"
 import json, re, sys
 out, backend, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 

@@ -20,8 +20,8 @@ namespace {
 // staging_threads > 1: batches of 16 requests or more are copied into staging by that
 // many threads (--staging_threads); answer_threads > 0: stream answers of batches of two
 // or more are written by that many threads (--answer_threads, --answer_pool_min_batch=2);
-// idle_spin_us > 0: the
-// batcher's threads spin that long for work before sleeping (--idle_spin_us).
+// idle_spin_us > 0: the batcher's threads spin that long for work before sleeping
+// (--idle_spin_us).
 struct DecodeTestParam {
   ScaleMode scale_mode;
   bool eager;
