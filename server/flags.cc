@@ -57,9 +57,9 @@ ABSL_FLAG(
     "hardware threads, else 0 (on the H200 host at 256 streams over 4 connections the batch's "
     "thread writing alone capped the server at half the echo's rate; on 2 cores the "
     "threads compete with the batch: bench/RESULTS.md)");
-ABSL_FLAG(int32_t, answer_pool_min_batch, 32,
+ABSL_FLAG(int32_t, answer_pool_min_batch, 2,
           "batches of fewer requests are answered by their own thread even with answer "
-          "threads (at 16 streams the hand-off cost a 2 ms queue-wait tail on the H200 host)");
+          "threads (a batch of one always is: no hand-off on the one-stream path)");
 ABSL_FLAG(int32_t, idle_spin_us, 0,
           "microseconds the batcher's two threads spin for new work before they sleep: a "
           "request arriving meanwhile skips a thread wake-up (lower latency at low load) "

@@ -38,7 +38,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     std::function<void(DecodeStreamReactor*)> on_done;  // called once, before deletion
     size_t call_bytes = 64 * 1024;       // first arena block of a message (DecodeCallBytes)
     TaskPool* answer_pool = nullptr;     // writes answers of large batches; may be null
-    int32_t answer_pool_min_batch = 32;  // batches of fewer requests: answered inline
+    int32_t answer_pool_min_batch = 2;  // batches of fewer requests: answered inline
   };
 
   // Starts reading. When `admit` is not OK the stream finishes with it at once.
