@@ -44,7 +44,7 @@ using DecodeServiceBase = generated::DecodeService::WithRawCallbackMethod_GetMod
 struct ServiceConfig {
   ModelShape model;
   std::string auth_token;
-  int32_t answer_threads = 0;          // DecodeStream answer pool (task_pool.h); 0 = none
+  int32_t answer_threads = 0;         // DecodeStream answer pool (task_pool.h); 0 = none
   int32_t answer_pool_min_batch = 2;  // smaller batches: answered by the batch's thread
   // Static fields of GetModelInfo; total_pages/free_pages are filled per call.
   sparse_decode::v1::ModelInfo info;

@@ -36,8 +36,8 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     Metrics* metrics = nullptr;
     const std::atomic<bool>* draining = nullptr;
     std::function<void(DecodeStreamReactor*)> on_done;  // called once, before deletion
-    size_t call_bytes = 64 * 1024;       // first arena block of a message (DecodeCallBytes)
-    TaskPool* answer_pool = nullptr;     // writes answers of large batches; may be null
+    size_t call_bytes = 64 * 1024;      // first arena block of a message (DecodeCallBytes)
+    TaskPool* answer_pool = nullptr;    // writes answers of multi-request batches; may be null
     int32_t answer_pool_min_batch = 2;  // batches of fewer requests: answered inline
   };
 
