@@ -245,8 +245,9 @@ inline void TransposeSixteenDwords(__m512i* v) {
 constexpr int kLaneRows = 16;
 
 // One score tile of 16 rows x 4 query heads of one KV head with the rows in the lanes,
-// so that no sum needs a horizontal reduction (ScoreTile spends most of its time on
-// those at D 64): per 64 dimensions the 16 rows' K codes are transposed (vector j: dims
+// so that no sum needs a horizontal reduction (~40 % of ScoreTile's samples at D 64;
+// -7 to -14 % per small-shape request, bench/RESULTS.md): per 64 dimensions the 16
+// rows' K codes are transposed (vector j: dims
 // 4j..4j+3 of every row), looked up as bf16 (TableKeys: `first` holds rows 4L, 4L+1 of
 // each 128-bit lane L as (dims 4j, 4j+1), (4j+2, 4j+3) pairs, `second` rows 4L+2, 4L+3)
 // and multiplied with q's dims 4j..4j+3 broadcast; a final shuffle adds each row's two
