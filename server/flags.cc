@@ -49,17 +49,13 @@ ABSL_FLAG(int32_t, staging_threads, 1,
           "threads copying a batch's request tensors into staging (batches of 16 or more); "
           "1 = the batcher's thread alone (on the H200 host 4 measured within the run-to-run "
           "spread, bench/RESULTS.md)");
-ABSL_FLAG(
-    int32_t, answer_threads, -1,
-    "threads writing DecodeStream answers of batches of --answer_pool_min_batch or more "
-    "requests, so that the batch's thread goes on (gRPC writes inline on the calling "
-    "thread); 0 = the batch's thread writes them; -1 (auto) = 4 on hosts of 8 or more "
-    "hardware threads, else 0 (on the H200 host at 256 streams over 4 connections the batch's "
-    "thread writing alone capped the server at half the echo's rate; on 2 cores the "
-    "threads compete with the batch: bench/RESULTS.md)");
-ABSL_FLAG(int32_t, answer_pool_min_batch, 2,
-          "batches of fewer requests are answered by their own thread even with answer "
-          "threads (a batch of one always is: no hand-off on the one-stream path)");
+ABSL_FLAG(int32_t, answer_threads, -1,
+          "threads writing DecodeStream answers of batches of two or more requests, so that the "
+          "batch's thread goes on (gRPC writes inline on the calling thread); 0 = the batch's "
+          "thread writes them; -1 (auto) = 4 on hosts of 8 or more hardware threads, else 0 (on "
+          "the H200 host at 256 streams over 4 connections the batch's thread writing alone "
+          "capped the server at half the echo's rate; on 2 cores the threads compete with the "
+          "batch: bench/RESULTS.md)");
 ABSL_FLAG(int32_t, idle_spin_us, 0,
           "microseconds the batcher's two threads spin for new work before they sleep: a "
           "request arriving meanwhile skips a thread wake-up (lower latency at low load) "
@@ -170,7 +166,6 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.eager_batching = absl::GetFlag(FLAGS_eager_batching);
   opt.staging_threads = absl::GetFlag(FLAGS_staging_threads);
   opt.answer_threads = absl::GetFlag(FLAGS_answer_threads);
-  opt.answer_pool_min_batch = absl::GetFlag(FLAGS_answer_pool_min_batch);
   opt.idle_spin_us = absl::GetFlag(FLAGS_idle_spin_us);
   opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
@@ -202,10 +197,6 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad("--idle_spin_us must be in [0, 10000]");
   if (opt.answer_threads < -1 || opt.answer_threads > 64)
     return Bad("--answer_threads must be in [0, 64], or -1 (auto)");
-  if (opt.answer_pool_min_batch < 2)
-    return Bad(
-        "--answer_pool_min_batch must be >= 2 (a batch of one is always answered by its "
-        "thread)");
   opt.answer_threads = AnswerThreadsFor(opt.answer_threads, std::thread::hardware_concurrency());
   if (opt.inline_idle_batches && !opt.eager_batching) {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");

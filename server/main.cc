@@ -78,7 +78,6 @@ ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& mode
   config.model = model;
   config.auth_token = opt.auth_token;
   config.answer_threads = opt.answer_threads;
-  config.answer_pool_min_batch = opt.answer_pool_min_batch;
   const CacheConfig& cache = opt.backend_config.cache;
   sparse_decode::v1::ModelInfo& info = config.info;
   info.set_num_layers(cache.num_layers);
@@ -168,21 +167,14 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher_options.run_on_submitter = opt.inline_idle_batches;
   batcher_options.staging_threads = opt.staging_threads;
   batcher_options.idle_spin = std::chrono::microseconds(opt.idle_spin_us);
-  if (opt.answer_threads > 0 && opt.answer_pool_min_batch > batcher_options.max_batch_size) {
-    spdlog::warn(
-        "--answer_pool_min_batch {} exceeds --max_batch_size {}: the {} answer threads will "
-        "never run",
-        opt.answer_pool_min_batch, batcher_options.max_batch_size, opt.answer_threads);
-  }
   Batcher batcher(batcher_options, executor->get(), std::move(staging));
   batcher.Start();
   spdlog::info(
       "batcher: max_batch_size {}, max_queue_delay {} us, eager {}, inline {}, "
-      "staging threads {}, idle spin {} us; stream answer threads {} (batches of {}+)",
+      "staging threads {}, idle spin {} us; stream answer threads {}",
       batcher_options.max_batch_size, opt.max_queue_delay_us, batcher_options.eager,
       batcher_options.run_on_submitter, batcher_options.staging_threads, opt.idle_spin_us,
-      opt.answer_threads > 0 ? absl::StrCat(opt.answer_threads) : std::string("none"),
-      opt.answer_pool_min_batch);
+      opt.answer_threads > 0 ? absl::StrCat(opt.answer_threads) : std::string("none"));
 
   if (absl::Status s = RunSelfTest(batcher, backend->cache(), model); !s.ok()) {
     return Fail(

@@ -21,8 +21,7 @@ struct ServerOptions {
   bool inline_idle_batches = false;
   int32_t staging_threads = 1;
   int32_t answer_threads = 0;  // resolved (never -1 after OptionsFromFlags); 0: no answer pool
-  int32_t answer_pool_min_batch = 2;  // smaller batches are answered by their own thread
-  int32_t idle_spin_us = 0;           // 0: the batcher threads sleep at once
+  int32_t idle_spin_us = 0;    // 0: the batcher threads sleep at once
   int32_t drain_timeout_s = 0;
   std::string auth_token;  // empty = no authentication
 };

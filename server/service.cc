@@ -321,7 +321,6 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::
   env.draining = &draining_;
   env.call_bytes = DecodeCallBytes(config_.model);
   env.answer_pool = answer_pool_.get();
-  env.answer_pool_min_batch = config_.answer_pool_min_batch;
   env.on_done = [this](DecodeStreamReactor* stream) {
     std::lock_guard<std::recursive_mutex> lock(streams_mu_);
     streams_.erase(stream);

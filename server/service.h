@@ -44,8 +44,7 @@ using DecodeServiceBase = generated::DecodeService::WithRawCallbackMethod_GetMod
 struct ServiceConfig {
   ModelShape model;
   std::string auth_token;
-  int32_t answer_threads = 0;         // DecodeStream answer pool (task_pool.h); 0 = none
-  int32_t answer_pool_min_batch = 2;  // smaller batches: answered by the batch's thread
+  int32_t answer_threads = 0;  // DecodeStream answer pool (task_pool.h); 0 = none
   // Static fields of GetModelInfo; total_pages/free_pages are filled per call.
   sparse_decode::v1::ModelInfo info;
 };
@@ -98,8 +97,7 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   Metrics* const metrics_;
   PendingWrites pending_;  // before admission_, which points to it
   const DecodeAdmission admission_;
-  // Writes DecodeStream answers of batches of answer_pool_min_batch or more requests (null
-  // with answer_threads 0).
+  // Writes DecodeStream answers of multi-request batches (null with answer_threads 0).
   // Outlives every stream: the service is destroyed after the gRPC server shut down.
   std::unique_ptr<TaskPool> answer_pool_;
   std::atomic<bool> draining_{false};

@@ -193,8 +193,7 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
 
 void DecodeStreamReactor::Completed(Call* call, const absl::Status& status) {
   call->completed = Clock::now();
-  if (env_.answer_pool != nullptr && status.ok() &&
-      call->response->batch().batch_size() >= env_.answer_pool_min_batch) {
+  if (env_.answer_pool != nullptr && status.ok() && call->response->batch().batch_size() > 1) {
     try {
       // The stream cannot finish before this runs: the request stays pending until
       // Answer, and Finish waits for no pending requests.

@@ -36,9 +36,8 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     Metrics* metrics = nullptr;
     const std::atomic<bool>* draining = nullptr;
     std::function<void(DecodeStreamReactor*)> on_done;  // called once, before deletion
-    size_t call_bytes = 64 * 1024;      // first arena block of a message (DecodeCallBytes)
-    TaskPool* answer_pool = nullptr;    // writes answers of multi-request batches; may be null
-    int32_t answer_pool_min_batch = 2;  // batches of fewer requests: answered inline
+    size_t call_bytes = 64 * 1024;    // first arena block of a message (DecodeCallBytes)
+    TaskPool* answer_pool = nullptr;  // writes answers of multi-request batches; may be null
   };
 
   // Starts reading. When `admit` is not OK the stream finishes with it at once.
@@ -83,10 +82,10 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   };
 
   void Submit(Call* call, Batcher::SubmitterRun* run);
-  // The batch's completion of `call`: answers of a batch of env_.answer_pool_min_batch or
-  // more requests go to the answer pool, when there is one (writing inline is gRPC's
-  // transport write on this thread, once per request); smaller batches are answered here
-  // (no hand-off on the few-stream path).
+  // The batch's completion of `call`: answers of a batch of two or more requests go to
+  // the answer pool, when there is one (writing inline is gRPC's transport write on this
+  // thread, once per request); a batch of one is answered here (no hand-off on the
+  // one-stream path).
   void Completed(Call* call, const absl::Status& status);
   // Takes ownership back from the batcher (or from Submit on a refusal).
   void Answer(Call* call, const absl::Status& status);

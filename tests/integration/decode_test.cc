@@ -19,9 +19,8 @@ namespace {
 // batch on the submitting RPC thread when the batcher is idle (--inline_idle_batches);
 // staging_threads > 1: batches of 16 requests or more are copied into staging by that
 // many threads (--staging_threads); answer_threads > 0: stream answers of batches of two
-// or more are written by that many threads (--answer_threads, --answer_pool_min_batch=2);
-// idle_spin_us > 0: the batcher's threads spin that long for work before sleeping
-// (--idle_spin_us).
+// or more are written by that many threads (--answer_threads); idle_spin_us > 0: the
+// batcher's threads spin that long for work before sleeping (--idle_spin_us).
 struct DecodeTestParam {
   ScaleMode scale_mode;
   bool eager;
@@ -41,7 +40,6 @@ class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
     if (GetParam().inline_batches) flags.push_back("--inline_idle_batches");
     flags.push_back("--staging_threads=" + std::to_string(GetParam().staging_threads));
     flags.push_back("--answer_threads=" + std::to_string(GetParam().answer_threads));
-    if (GetParam().answer_threads > 0) flags.push_back("--answer_pool_min_batch=2");
     flags.push_back("--idle_spin_us=" + std::to_string(GetParam().idle_spin_us));
     harness_ = std::make_unique<Harness>(model, flags);
     ASSERT_TRUE(harness_->ok()) << harness_->error();

@@ -528,7 +528,6 @@ TEST(ErrorsStandalone, InvalidFlagsFailAtStartWithOneLine) {
       {"--idle_spin_us=20000"},
       {"--idle_spin_us=-1"},
       {"--answer_threads=-2"},
-      {"--answer_pool_min_batch=1"},
   };
   for (const auto& flags : bad) {
     std::string output;
