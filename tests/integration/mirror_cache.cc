@@ -169,11 +169,8 @@ std::string MirrorCache::Check(const v1::DecodeRequest& request,
   int failures = 0;
   const auto* out = reinterpret_cast<const uint16_t*>(response.out().data().data());
   for (int32_t h = 0; h < hq; ++h) {
-    double row_max = 0;
-    for (int32_t e = 0; e < d; ++e) row_max = std::max(row_max, std::fabs(want.out[h * d + e]));
     for (int32_t e = 0; e < d; ++e) {
-      std::string problem =
-          ref::CheckBf16Close(out[h * d + e], want.out[h * d + e], 2.0, row_max / 64.0);
+      std::string problem = ref::CheckOutputElement(want, h, e, d, out[h * d + e], 2.0);
       if (!problem.empty() && failures++ < 4) {
         why << "out[" << h << "][" << e << "]: " << problem << "\n";
       }

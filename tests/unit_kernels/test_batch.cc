@@ -178,13 +178,10 @@ std::string CompareWithReference(TestBatch& batch, int32_t b, double ulps) {
   std::ostringstream failures;
   int failure_count = 0;
   for (int h = 0; h < hq; ++h) {
-    double row_max = 0;
-    for (int j = 0; j < d; ++j) row_max = std::max(row_max, std::fabs(want.out[h * d + j]));
     for (int j = 0; j < d; ++j) {
       const uint16_t got = batch.out[(static_cast<size_t>(b) * hq + h) * d + j];
       std::string problem =
-          got == 0x7FC1 ? "never written"
-                        : ref::CheckBf16Close(got, want.out[h * d + j], ulps, row_max / 64.0);
+          got == 0x7FC1 ? "never written" : ref::CheckOutputElement(want, h, j, d, got, ulps);
       if (!problem.empty() && failure_count++ < 5)
         failures << "out[b=" << b << "][h=" << h << "][" << j << "]: " << problem << "\n";
     }
