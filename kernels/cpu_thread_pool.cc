@@ -2,11 +2,19 @@
 
 #include <chrono>
 
+#include "kernels/cpu_relax.h"
+
 #if defined(__linux__)
 #include <pthread.h>
 #endif
 
 namespace sds {
+namespace {
+
+// How long ParallelFor's caller polls for the workers' last items before it sleeps.
+constexpr std::chrono::microseconds kFinishPoll{200};
+
+}  // namespace
 
 CpuThreadPool::CpuThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -65,7 +73,17 @@ void CpuThreadPool::ParallelFor(int64_t num_items, const std::function<void(int6
   }
   work_ready_.notify_all();
   if (RunItems(generation, num_items, &fn)) return;
-  // A worker is finishing the last items; it notifies under the lock.
+  // Workers are finishing the last items, one each at most. Poll for them first: a
+  // condition-variable wake-up took 30-50 us (p50) on the 2-core VM, several items' worth.
+  const auto until = std::chrono::steady_clock::now() + kFinishPoll;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 64; ++i) {
+      if (done_items_.load(std::memory_order_acquire) == num_items) return;
+      CpuRelax();
+    }
+    std::this_thread::yield();  // a worker descheduled on this core gets it back
+  }
+  // Still running: the worker that completes the last item notifies under the lock.
   std::unique_lock<std::mutex> lock(mutex_);
   work_done_.wait(lock, [&] { return done_items_.load(std::memory_order_acquire) == num_items; });
 }

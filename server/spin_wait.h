@@ -12,15 +12,9 @@
 #include <mutex>
 #include <thread>
 
-namespace sds::server {
+#include "kernels/cpu_relax.h"
 
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+namespace sds::server {
 
 // Waits on `cv` under `lock` until `ready()`. When `spin` is positive it first spins,
 // with the lock released, until `events` changes (a counter bumped under the same mutex

@@ -26,6 +26,13 @@
 //    before each batch, as the server's cores are busy elsewhere or idle between
 //    batches: caches are then cold, which back-to-back batches hide. No lse (the e2e
 //    load generator asks for none). Same ratio counters as 2.
+// 5. BM_PoolJob: the thread pool alone, a batch of 64 fixed 4 us items (busy waits on
+//    the clock, no memory), as CpuDecode hands a small-shape batch of 64 to it. Its
+//    ceiling is measured in the same run: the items run on the calling thread alone,
+//    divided by the pool's thread count; ratio_to_ideal = job time / that. gap_us:500
+//    sleeps (untimed) before each job, so that the workers sleep too (the server
+//    between DecodeBatch calls); prewake:1 then calls Prewake 150 us before the job, as
+//    the server does when a DecodeBatch arrives.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -446,6 +453,50 @@ void BM_CpuDecodeSmallHot(benchmark::State& state) {
   state.counters["us_per_request"] = seconds / state.iterations() / shape.batch * 1e6;
 }
 
+// Spins on the clock for `us` microseconds: an item of fixed length, no memory traffic.
+void BusyFor(double us) {
+  const auto start = std::chrono::steady_clock::now();
+  while (Seconds(std::chrono::steady_clock::now() - start) * 1e6 < us) {
+  }
+}
+
+// Arguments: threads (0 = every core), gap_us, prewake (0/1).
+void BM_PoolJob(benchmark::State& state) {
+  constexpr int kItems = 64;
+  constexpr double kItemUs = 4.0;
+  constexpr int64_t kPrewakeAheadUs = 150;
+  CpuThreadPool& pool = Pool(static_cast<int>(state.range(0)));
+  const int64_t gap_us = state.range(1);
+  const bool prewake = state.range(2) != 0;
+  // The ceiling: the same items on this thread alone (best of 20), spread over the pool.
+  double serial = 1e9;
+  for (int r = 0; r < 20; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int item = 0; item < kItems; ++item) BusyFor(kItemUs);
+    serial = std::min(serial, Seconds(std::chrono::steady_clock::now() - start));
+  }
+  const double ideal = serial / pool.num_threads();
+  double seconds = 0;
+  for (auto _ : state) {
+    if (gap_us > 0) {
+      const int64_t ahead = prewake ? std::min(gap_us, kPrewakeAheadUs) : 0;
+      std::this_thread::sleep_for(std::chrono::microseconds(gap_us - ahead));
+      if (prewake) {
+        pool.Prewake(1000);
+        BusyFor(static_cast<double>(ahead));  // the server's parse and staging
+      }
+    }
+    const auto start = std::chrono::steady_clock::now();
+    pool.ParallelFor(kItems, [](int64_t) { BusyFor(kItemUs); });
+    seconds += Seconds(std::chrono::steady_clock::now() - start);
+  }
+  const double per_job = seconds / state.iterations();
+  state.counters["us_per_job"] = per_job * 1e6;
+  state.counters["ideal_us"] = ideal * 1e6;
+  state.counters["ratio_to_ideal"] = per_job / ideal;
+  state.counters["threads"] = pool.num_threads();
+}
+
 BENCHMARK(BM_ReadPass)
     ->ArgName("threads")
     ->Arg(0)
@@ -496,6 +547,14 @@ BENCHMARK(BM_CpuDecodeSmallHot)
     ->ArgName("threads")
     ->Arg(1)
     ->Arg(0)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(1.0);
+BENCHMARK(BM_PoolJob)
+    ->ArgNames({"threads", "gap_us", "prewake"})
+    ->Args({0, 0, 0})
+    ->Args({0, 500, 0})
+    ->Args({0, 500, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
