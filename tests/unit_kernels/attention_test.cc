@@ -1,7 +1,6 @@
 // CpuDecode against the float64 reference (sds::ref::ReferenceDecode) on fresh random
 // inputs: every output element must pass, for both kernel paths.
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -9,19 +8,15 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu_attention.h"
+#include "tests/reference/fresh_seed.h"
 #include "tests/unit_kernels/test_batch.h"
 
 namespace sds {
 namespace {
 
 using test::BatchSpec;
+using test::FreshSeed;
 using test::TestBatch;
-
-// SDS_TEST_SEED=<seed> replays a failure from the seed its message printed.
-uint32_t FreshSeed() {
-  if (const char* fixed = std::getenv("SDS_TEST_SEED")) return std::stoul(fixed);
-  return std::random_device{}();
-}
 
 const char* PathName(CpuKernelPath path) {
   switch (path) {

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/fp8.h"
 #include "server/backend.h"
+#include "tests/reference/fresh_seed.h"
 #include "tests/reference/reference_decode.h"
 
 namespace sds {
@@ -44,7 +45,7 @@ std::vector<uint16_t> RandomBf16(size_t count, float stddev, std::mt19937& rng) 
 class CpuBackendTest : public ::testing::TestWithParam<ScaleMode> {};
 
 TEST_P(CpuBackendTest, PrefillThenDecodeMatchesReference) {
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = test::FreshSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   const BackendConfig config = SmallConfig(GetParam());
