@@ -24,7 +24,9 @@
 //    per-item and per-request costs, not the bytes, decide; ns_per_row = core time
 //    (wall x threads) per (request, KV head, token) row. gap_us:500 sleeps (untimed)
 //    before each batch, as the server's cores are busy elsewhere or idle between
-//    batches: caches are then cold, which back-to-back batches hide. No lse (the e2e
+//    batches: caches are then cold, which back-to-back batches hide; prewake_us:150 then
+//    calls Prewake 150 us before the batch, as the server does when a DecodeBatch
+//    arrives, so that the pool's worker is awake (the server's case). No lse (the e2e
 //    load generator asks for none). Same ratio counters as 2.
 // 5. BM_PoolJob: the thread pool alone, a batch of 64 fixed 4 us items (busy waits on
 //    the clock, no memory), as CpuDecode hands a small-shape batch of 64 to it. Its
@@ -390,15 +392,25 @@ void BM_CpuDecode(benchmark::State& state) {
   SetDecodeCounters(state, bytes, seconds, threads, pool.num_threads());
 }
 
+// Spins on the clock for `us` microseconds: an item of fixed length, no memory traffic.
+void BusyFor(double us) {
+  const auto start = std::chrono::steady_clock::now();
+  while (Seconds(std::chrono::steady_clock::now() - start) * 1e6 < us) {
+  }
+}
+
 // Arguments: batch, threads (0 = every core), append (1: CpuAppend of one token per
 // request before each decode, as the CPU backend's Run does), gap_us (idle time before
 // each batch, untimed: in the server the cores do gRPC work or sleep between batches,
 // and the next batch finds its K/V rows and inputs out of L1/L2; on this VM a batch
-// after 500 us idle took 1.6-2.7x its back-to-back time). Small shape, per_tensor.
+// after 500 us idle took 1.6-2.7x its back-to-back time), prewake_us (Prewake that long
+// before the batch, busy meanwhile, as the server's DecodeBatch handler does before it
+// stages the batch). Small shape, per_tensor.
 void BM_CpuDecodeSmall(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(1));
   const bool append = state.range(2) != 0;
   const int64_t gap_us = state.range(3);
+  const int64_t prewake_us = std::min(state.range(4), gap_us);
   CpuThreadPool& pool = Pool(threads);
   const DecodeShape shape{static_cast<int>(state.range(0)), kSmallSequenceLength, kSmallLayers,
                           kSmallBatches};
@@ -415,7 +427,13 @@ void BM_CpuDecodeSmall(benchmark::State& state) {
     batch.lse = nullptr;  // the e2e load generator does not ask for lse
     const AppendBatch new_tokens = setup.Append(i);
     i = (i + 1) % shape.Batches();
-    if (gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+    if (gap_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(gap_us - prewake_us));
+      if (prewake_us > 0) {
+        pool.Prewake(1000);
+        BusyFor(static_cast<double>(prewake_us));  // the server's parse and staging
+      }
+    }
     const auto start = std::chrono::steady_clock::now();
     if (append) CpuAppend(view, new_tokens);
     CpuDecode(view, batch, &pool);
@@ -451,13 +469,6 @@ void BM_CpuDecodeSmallHot(benchmark::State& state) {
   }
   SetDecodeCounters(state, rows * kSmallModel.head_dim * 2, seconds, threads, pool.num_threads());
   state.counters["us_per_request"] = seconds / state.iterations() / shape.batch * 1e6;
-}
-
-// Spins on the clock for `us` microseconds: an item of fixed length, no memory traffic.
-void BusyFor(double us) {
-  const auto start = std::chrono::steady_clock::now();
-  while (Seconds(std::chrono::steady_clock::now() - start) * 1e6 < us) {
-  }
 }
 
 // Arguments: threads (0 = every core), gap_us, prewake (0/1).
@@ -531,15 +542,17 @@ BENCHMARK(BM_CpuDecode)
 // The e2e small shape: batch 64 and 256, with and without the append and an idle gap
 // before each batch, all cores and one.
 BENCHMARK(BM_CpuDecodeSmall)
-    ->ArgNames({"batch", "threads", "append", "gap_us"})
-    ->Args({64, 0, 1, 0})
-    ->Args({64, 0, 0, 0})
-    ->Args({64, 0, 1, 500})
-    ->Args({256, 0, 1, 0})
-    ->Args({256, 0, 1, 500})
-    ->Args({64, 1, 1, 0})
-    ->Args({256, 1, 1, 0})
-    ->Args({64, 1, 1, 500})
+    ->ArgNames({"batch", "threads", "append", "gap_us", "prewake_us"})
+    ->Args({64, 0, 1, 0, 0})
+    ->Args({64, 0, 0, 0, 0})
+    ->Args({64, 0, 1, 500, 0})
+    ->Args({64, 0, 1, 500, 150})
+    ->Args({256, 0, 1, 0, 0})
+    ->Args({256, 0, 1, 500, 0})
+    ->Args({256, 0, 1, 500, 150})
+    ->Args({64, 1, 1, 0, 0})
+    ->Args({256, 1, 1, 0, 0})
+    ->Args({64, 1, 1, 500, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
