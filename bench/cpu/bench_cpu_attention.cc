@@ -33,8 +33,8 @@
 //    ceiling is measured in the same run: the items run on the calling thread alone,
 //    divided by the pool's thread count; ratio_to_ideal = job time / that. gap_us:500
 //    sleeps (untimed) before each job, so that the workers sleep too (the server
-//    between DecodeBatch calls); prewake:1 then calls Prewake 150 us before the job, as
-//    the server does when a DecodeBatch arrives.
+//    between DecodeBatch calls); prewake_us:150 then calls Prewake 150 us before the
+//    job, as the server does when a DecodeBatch arrives.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -399,6 +399,18 @@ void BusyFor(double us) {
   }
 }
 
+// The server's time between batches, untimed: idle (asleep) for gap_us, of which the
+// last prewake_us (<= gap_us) busy after a Prewake, as its DecodeBatch handler parses
+// and stages the batch after waking the pool.
+void IdleBeforeBatch(CpuThreadPool& pool, int64_t gap_us, int64_t prewake_us) {
+  if (gap_us <= 0) return;
+  std::this_thread::sleep_for(std::chrono::microseconds(gap_us - prewake_us));
+  if (prewake_us > 0) {
+    pool.Prewake(1000);
+    BusyFor(static_cast<double>(prewake_us));
+  }
+}
+
 // Arguments: batch, threads (0 = every core), append (1: CpuAppend of one token per
 // request before each decode, as the CPU backend's Run does), gap_us (idle time before
 // each batch, untimed: in the server the cores do gRPC work or sleep between batches,
@@ -427,13 +439,7 @@ void BM_CpuDecodeSmall(benchmark::State& state) {
     batch.lse = nullptr;  // the e2e load generator does not ask for lse
     const AppendBatch new_tokens = setup.Append(i);
     i = (i + 1) % shape.Batches();
-    if (gap_us > 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(gap_us - prewake_us));
-      if (prewake_us > 0) {
-        pool.Prewake(1000);
-        BusyFor(static_cast<double>(prewake_us));  // the server's parse and staging
-      }
-    }
+    IdleBeforeBatch(pool, gap_us, prewake_us);
     const auto start = std::chrono::steady_clock::now();
     if (append) CpuAppend(view, new_tokens);
     CpuDecode(view, batch, &pool);
@@ -471,14 +477,13 @@ void BM_CpuDecodeSmallHot(benchmark::State& state) {
   state.counters["us_per_request"] = seconds / state.iterations() / shape.batch * 1e6;
 }
 
-// Arguments: threads (0 = every core), gap_us, prewake (0/1).
+// Arguments: threads (0 = every core), gap_us, prewake_us (as BM_CpuDecodeSmall's).
 void BM_PoolJob(benchmark::State& state) {
   constexpr int kItems = 64;
   constexpr double kItemUs = 4.0;
-  constexpr int64_t kPrewakeAheadUs = 150;
   CpuThreadPool& pool = Pool(static_cast<int>(state.range(0)));
   const int64_t gap_us = state.range(1);
-  const bool prewake = state.range(2) != 0;
+  const int64_t prewake_us = std::min(state.range(2), gap_us);
   // The ceiling: the same items on this thread alone (best of 20), spread over the pool.
   double serial = 1e9;
   for (int r = 0; r < 20; ++r) {
@@ -489,14 +494,7 @@ void BM_PoolJob(benchmark::State& state) {
   const double ideal = serial / pool.num_threads();
   double seconds = 0;
   for (auto _ : state) {
-    if (gap_us > 0) {
-      const int64_t ahead = prewake ? std::min(gap_us, kPrewakeAheadUs) : 0;
-      std::this_thread::sleep_for(std::chrono::microseconds(gap_us - ahead));
-      if (prewake) {
-        pool.Prewake(1000);
-        BusyFor(static_cast<double>(ahead));  // the server's parse and staging
-      }
-    }
+    IdleBeforeBatch(pool, gap_us, prewake_us);
     const auto start = std::chrono::steady_clock::now();
     pool.ParallelFor(kItems, [](int64_t) { BusyFor(kItemUs); });
     seconds += Seconds(std::chrono::steady_clock::now() - start);
@@ -564,10 +562,10 @@ BENCHMARK(BM_CpuDecodeSmallHot)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
 BENCHMARK(BM_PoolJob)
-    ->ArgNames({"threads", "gap_us", "prewake"})
+    ->ArgNames({"threads", "gap_us", "prewake_us"})
     ->Args({0, 0, 0})
     ->Args({0, 500, 0})
-    ->Args({0, 500, 1})
+    ->Args({0, 500, 150})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(1.0);
