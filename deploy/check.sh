@@ -57,7 +57,7 @@ for path in sorted(glob.glob("k8s/**/*.yaml", recursive=True)):
             request = ((c.get("resources") or {}).get("requests") or {}).get("cpu")
             where = f"{path}: container {c['name']}"
             if not threads:
-                sys.exit(f"{where}: --backend=cpu without --cpu_threads (0 = all of the node's cores)")
+                sys.exit(f"{where}: --backend=cpu without --cpu_threads (0 = the pod's CPU limit, or every core of the node without one)")
             if request is None:
                 sys.exit(f"{where}: --cpu_threads={threads[-1]} but no CPU request to match")
             if int(threads[-1]) != cpus(request):

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "kernels/cpu_relax.h"
+#include "kernels/usable_cpus.h"
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -17,8 +18,7 @@ constexpr std::chrono::microseconds kFinishPoll{200};
 }  // namespace
 
 CpuThreadPool::CpuThreadPool(int num_threads) {
-  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (num_threads <= 0) num_threads = 1;
+  if (num_threads <= 0) num_threads = UsableCpus();
   workers_.reserve(num_threads - 1);
   for (int i = 1; i < num_threads; ++i) {
     workers_.emplace_back([this] {

@@ -25,7 +25,8 @@ namespace sds {
 class CpuThreadPool {
  public:
   // `num_threads` threads take part in each ParallelFor, the caller included
-  // (num_threads - 1 workers are started). 0 means std::thread::hardware_concurrency().
+  // (num_threads - 1 workers are started). 0 means UsableCpus() (affinity and cgroup
+  // quota, not the node's core count).
   explicit CpuThreadPool(int num_threads);
   ~CpuThreadPool();
   CpuThreadPool(const CpuThreadPool&) = delete;

@@ -29,7 +29,7 @@ struct BackendConfig {
   int32_t num_q_heads = 32;
   int32_t max_batch_size = 256;
   int32_t max_topk = 2048;  // largest K per request (per KV head for [Hkv, K])
-  int32_t cpu_threads = 0;  // 0 = hardware concurrency
+  int32_t cpu_threads = 0;  // 0 = UsableCpus() (affinity and cgroup quota)
   // CPU backend: how long its pool's workers poll for a batch announced by Prewake
   // (CpuThreadPool::Prewake), 0 .. kMaxCpuPrewakeUs; 0 = Prewake does nothing. The
   // server's default is --cpu_prewake_us (1000).

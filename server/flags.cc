@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "kernels/usable_cpus.h"
 #include "server/options.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address (host:port)");
@@ -52,7 +53,8 @@ ABSL_FLAG(int32_t, staging_threads, 1,
 ABSL_FLAG(int32_t, answer_threads, -1,
           "threads writing DecodeStream answers of batches of two or more requests, so that the "
           "batch's thread goes on (gRPC writes inline on the calling thread); 0 = the batch's "
-          "thread writes them; -1 (auto) = 4 on hosts of 8 or more hardware threads, else 0 (on "
+          "thread writes them; -1 (auto) = 4 where the process may use 8 or more CPUs (affinity, "
+          "cgroup quota), else 0 (on "
           "the H200 host at 256 streams over 4 connections the batch's thread writing alone "
           "capped the server at half the echo's rate; on 2 cores the threads compete with the "
           "batch: bench/RESULTS.md)");
@@ -62,7 +64,9 @@ ABSL_FLAG(int32_t, idle_spin_us, 0,
           "at the cost of up to two busy cores while idle; for hosts with cores to spare "
           "(GPU servers). 0 = sleep at once; at most 10000");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
-ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads; 0 = hardware concurrency");
+ABSL_FLAG(int32_t, cpu_threads, 0,
+          "CPU backend threads; 0 = the CPUs this process may use (affinity mask and cgroup "
+          "CPU quota)");
 ABSL_FLAG(int32_t, cpu_prewake_us, 1000,
           "CPU backend: when a DecodeBatch arrives, wake the pool's threads and let them "
           "poll (yielding) for its batch, up to this long (0 = off; see README)");
@@ -132,9 +136,9 @@ absl::Status CheckPositive(const char* flag, int64_t value) {
 
 }  // namespace
 
-int32_t AnswerThreadsFor(int32_t flag, unsigned hardware_threads) {
+int32_t AnswerThreadsFor(int32_t flag, int usable_cpus) {
   if (flag != -1) return flag;
-  return hardware_threads >= 8 ? 4 : 0;
+  return usable_cpus >= 8 ? 4 : 0;
 }
 
 const char* ScaleModeName(ScaleMode mode) {
@@ -197,7 +201,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return Bad("--idle_spin_us must be in [0, 10000]");
   if (opt.answer_threads < -1 || opt.answer_threads > 64)
     return Bad("--answer_threads must be in [0, 64], or -1 (auto)");
-  opt.answer_threads = AnswerThreadsFor(opt.answer_threads, std::thread::hardware_concurrency());
+  opt.answer_threads = AnswerThreadsFor(opt.answer_threads, UsableCpus());
   if (opt.inline_idle_batches && !opt.eager_batching) {
     return Bad("--inline_idle_batches needs --eager_batching (it runs batches that close at once)");
   }

@@ -23,6 +23,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/usable_cpus.h"
 #include "server/backend_select.h"
 #include "server/batcher.h"
 #include "server/executor.h"
@@ -171,10 +172,11 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher.Start();
   spdlog::info(
       "batcher: max_batch_size {}, max_queue_delay {} us, eager {}, inline {}, "
-      "staging threads {}, idle spin {} us; stream answer threads {}",
+      "staging threads {}, idle spin {} us; stream answer threads {} ({} usable CPUs)",
       batcher_options.max_batch_size, opt.max_queue_delay_us, batcher_options.eager,
       batcher_options.run_on_submitter, batcher_options.staging_threads, opt.idle_spin_us,
-      opt.answer_threads > 0 ? absl::StrCat(opt.answer_threads) : std::string("none"));
+      opt.answer_threads > 0 ? absl::StrCat(opt.answer_threads) : std::string("none"),
+      UsableCpus());
 
   if (absl::Status s = RunSelfTest(batcher, backend->cache(), model); !s.ok()) {
     return Fail(

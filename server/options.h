@@ -30,10 +30,10 @@ struct ServerOptions {
 // INVALID_ARGUMENT with one line naming the flag on a bad combination.
 absl::StatusOr<ServerOptions> OptionsFromFlags();
 
-// --answer_threads: -1 (auto) is 4 answer threads on hosts of at least 8 hardware
-// threads and none below (where they would take cores from the batch); other values
-// are kept.
-int32_t AnswerThreadsFor(int32_t flag, unsigned hardware_threads);
+// --answer_threads: -1 (auto) is 4 answer threads where the process may use at least 8
+// CPUs (`usable_cpus`: UsableCpus(), affinity and cgroup quota) and none below (where
+// they would take cores from the batch); other values are kept.
+int32_t AnswerThreadsFor(int32_t flag, int usable_cpus);
 
 // "per_tensor" | "per_token_head".
 const char* ScaleModeName(ScaleMode mode);
