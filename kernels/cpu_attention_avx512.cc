@@ -247,13 +247,12 @@ constexpr int kLaneRows = 16;
 // One score tile of 16 rows x 4 query heads of one KV head with the rows in the lanes,
 // so that no sum needs a horizontal reduction (~40 % of ScoreTile's samples at D 64;
 // -7 to -14 % per small-shape request, bench/RESULTS.md): per 64 dimensions the 16
-// rows' K codes are transposed (vector j: dims
-// 4j..4j+3 of every row), looked up as bf16 (TableKeys: `first` holds rows 4L, 4L+1 of
-// each 128-bit lane L as (dims 4j, 4j+1), (4j+2, 4j+3) pairs, `second` rows 4L+2, 4L+3)
-// and multiplied with q's dims 4j..4j+3 broadcast; a final shuffle adds each row's two
-// pair sums. codes: [16] pointers to [D] FP8 K codes; query: [4, D] bf16 (not
-// permuted); factor: [16] k_scale / sqrt(D); scores: [4, stride] out, columns 0..15.
-// D % 64 == 0.
+// rows' K codes are transposed (vector j: dims 4j..4j+3 of every row), looked up as
+// bf16 (TableKeys: `first` holds rows 4L, 4L+1 of each 128-bit lane L as (dims 4j,
+// 4j+1), (4j+2, 4j+3) pairs, `second` rows 4L+2, 4L+3) and multiplied with q's dims
+// 4j..4j+3 broadcast; a final shuffle adds each row's two pair sums. codes: [16] pointers to [D]
+// FP8 K codes; query: [4, D] bf16 (not permuted); factor: [16] k_scale / sqrt(D); scores: [4,
+// stride] out, columns 0..15. D % 64 == 0.
 inline void ScoreTileRowsInLanes(const TableKeys& lookup, const uint8_t* const* codes,
                                  const uint16_t* query, int head_dim, const float* factor,
                                  float* scores, int stride) {

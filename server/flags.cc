@@ -3,7 +3,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -53,11 +52,10 @@ ABSL_FLAG(int32_t, staging_threads, 1,
 ABSL_FLAG(int32_t, answer_threads, -1,
           "threads writing DecodeStream answers of batches of two or more requests, so that the "
           "batch's thread goes on (gRPC writes inline on the calling thread); 0 = the batch's "
-          "thread writes them; -1 (auto) = 4 where the process may use 8 or more CPUs (affinity, "
-          "cgroup quota), else 0 (on "
-          "the H200 host at 256 streams over 4 connections the batch's thread writing alone "
-          "capped the server at half the echo's rate; on 2 cores the threads compete with the "
-          "batch: bench/RESULTS.md)");
+          "thread writes them; -1 (auto) = 4 where the process may use 8 or more CPUs "
+          "(affinity, cgroup quota), else 0 (on the H200 host at 256 streams over 4 "
+          "connections the batch's thread writing alone capped the server at half the echo's "
+          "rate; on 2 cores the threads compete with the batch: bench/RESULTS.md)");
 ABSL_FLAG(int32_t, idle_spin_us, 0,
           "microseconds the batcher's two threads spin for new work before they sleep: a "
           "request arriving meanwhile skips a thread wake-up (lower latency at low load) "

@@ -538,7 +538,7 @@ BENCHMARK(BM_CpuDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
 // The e2e small shape: batch 64 and 256, with and without the append and an idle gap
-// before each batch, all cores and one.
+// before each batch (with and without a prewake ahead of it), all cores and one.
 BENCHMARK(BM_CpuDecodeSmall)
     ->ArgNames({"batch", "threads", "append", "gap_us", "prewake_us"})
     ->Args({64, 0, 1, 0, 0})

@@ -6,8 +6,8 @@
 namespace sds::server {
 namespace {
 
-// --answer_threads=-1 (the default) picks 4 answer threads from 8 hardware threads up
-// and none below; explicit values, 0 included, are kept whatever the host.
+// --answer_threads=-1 (the default) picks 4 answer threads from 8 usable CPUs up and
+// none below; explicit values, 0 included, are kept whatever the host.
 TEST(AnswerThreadsFor, AutoDependsOnTheHostExplicitValuesAreKept) {
   EXPECT_EQ(AnswerThreadsFor(-1, 2), 0);
   EXPECT_EQ(AnswerThreadsFor(-1, 7), 0);
