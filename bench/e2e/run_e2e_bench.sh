@@ -16,7 +16,9 @@
 #   PREFILL (576), DURATION_S (5), WARMUP_S (1), CPU_THREADS (0 = all),
 #   STREAMS ("1 16 256"), BATCHES ("64 256"), CHANNELS (1: the load generator's gRPC
 #   channels, i.e. TCP connections, for the echo and the server alike), OUT_DIR,
-#   TIMEOUT_MS, QUEUE_DELAY_US (200),
+#   TIMEOUT_MS, QUEUE_DELAY_US (200), ROUNDS (1: each case's echo and server runs, taken
+#   in turn echo, server, echo, server...; with 2 or more the table gives each ratio's
+#   median over the rounds and its range, and a case's files are named <case>_r<N>),
 #   SERVER_FLAGS (extra decode_server flags; default "--eager_batching", plus
 #   "--inline_idle_batches" with BACKEND=cpu, "--idle_spin_us=2000" with BACKEND=cuda
 #   (each measured faster with its backend: bench/RESULTS.md); "" for none).
@@ -35,6 +37,8 @@ CPU_THREADS=${CPU_THREADS:-0}
 STREAMS=${STREAMS:-"1 16 256"}
 BATCHES=${BATCHES:-"64 256"}
 CHANNELS=${CHANNELS:-1}
+ROUNDS=${ROUNDS:-1}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "run_e2e_bench: ROUNDS must be a positive integer" >&2; exit 2; }
 TIMEOUT_MS=${TIMEOUT_MS:-10000}
 QUEUE_DELAY_US=${QUEUE_DELAY_US:-200}
 DEFAULT_FLAGS="--eager_batching"
@@ -144,17 +148,21 @@ for shape in $SHAPES; do
   for b in $BATCHES; do CASES+=("${shape}_batch$b:--mode=batch --batch_size=$b --concurrency=1"); done
   for c in "${CASES[@]}"; do
     name=${c%%:*}; read -r -a flags <<<"${c#*:}"
-    run "echo_$name" 127.0.0.1:$ECHO_PORT "$ECHO_PID" "${flags[@]}"
-    run "server_$name" 127.0.0.1:$SERVER_PORT "$SERVER_PID" "${flags[@]}"
+    for r in $(seq 1 "$ROUNDS"); do  # echo, server, echo, server...: drift hits both
+      tag=$name
+      if ((ROUNDS > 1)); then tag=${name}_r$r; fi
+      run "echo_$tag" 127.0.0.1:$ECHO_PORT "$ECHO_PID" "${flags[@]}"
+      run "server_$tag" 127.0.0.1:$SERVER_PORT "$SERVER_PID" "${flags[@]}"
+    done
     ALL+=("$name")
   done
   kill "$ECHO_PID" "$SERVER_PID" 2>/dev/null || true
   wait "$ECHO_PID" "$SERVER_PID" 2>/dev/null || true
 done
 
-python3 - "$OUT_DIR" "$BACKEND ($CHANNELS gRPC connection(s) per load generator)" "${ALL[@]}" <<'PY' | tee "$OUT_DIR/summary.md"
-import json, re, sys
-out, backend, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+python3 - "$OUT_DIR" "$BACKEND ($CHANNELS gRPC connection(s) per load generator)" "$ROUNDS" "${ALL[@]}" <<'PY' | tee "$OUT_DIR/summary.md"
+import json, re, statistics, sys
+out, backend, rounds, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 
 def buckets(path, family):
     """Cumulative (le, count) of one histogram in a /metrics text; [] when absent."""
@@ -180,19 +188,44 @@ def send_p99_us(n):
         lo, prev = le, c
     return "-"
 
-print(f"backend: {backend}; shapes: small = 8/2 heads D64 top-K 64, seed = 32/8 heads D128 top-K 512")
-print("| case | echo tok-layers/s | server tok-layers/s | throughput / echo | echo p99 us | server p99 us | p99 / echo | server queue p99 us | server compute p99 us | server answer send p99 us |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for n in names:
-    e = json.load(open(f"{out}/echo_{n}.json"))
-    s = json.load(open(f"{out}/server_{n}.json"))
-    for r in (e, s):
+def load(tag):
+    """The echo and server results of one round; exits on an empty or failing run."""
+    pair = [json.load(open(f"{out}/{who}_{tag}.json")) for who in ("echo", "server")]
+    for r in pair:
         if r["calls_ok"] == 0 or r["errors_total"]:
             sys.exit(f"empty or failing run: {r['label']}")
-    print(f"| {n} | {e['token_layers_per_s']:.0f} | {s['token_layers_per_s']:.0f} | "
-          f"{s['token_layers_per_s'] / e['token_layers_per_s']:.3f} | {e['latency_us']['p99']} | "
-          f"{s['latency_us']['p99']} | {s['latency_us']['p99'] / max(e['latency_us']['p99'], 1):.1f} | "
-          f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} | {send_p99_us(n)} |")
+    return pair
+
+print(f"backend: {backend}; shapes: small = 8/2 heads D64 top-K 64, seed = 32/8 heads D128 top-K 512")
+if rounds == 1:
+    print("| case | echo tok-layers/s | server tok-layers/s | throughput / echo | echo p99 us | server p99 us | p99 / echo | server queue p99 us | server compute p99 us | server answer send p99 us |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in names:
+        e, s = load(n)
+        print(f"| {n} | {e['token_layers_per_s']:.0f} | {s['token_layers_per_s']:.0f} | "
+              f"{s['token_layers_per_s'] / e['token_layers_per_s']:.3f} | {e['latency_us']['p99']} | "
+              f"{s['latency_us']['p99']} | {s['latency_us']['p99'] / max(e['latency_us']['p99'], 1):.1f} | "
+              f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} | {send_p99_us(n)} |")
+    sys.exit(0)
+
+def spread(values, fmt):
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+print(f"{rounds} rounds per case (echo and server in turn); median (min-max) over the rounds, "
+      "each round's ratio taken against the echo run just before it")
+print("| case | throughput / echo | p99 / echo | echo tok-layers/s | server tok-layers/s | echo p99 us | server p99 us | server queue p99 us | server compute p99 us |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for n in names:
+    runs = [load(f"{n}_r{r}") for r in range(1, rounds + 1)]
+    col = lambda f: [f(e, s) for e, s in runs]
+    print(f"| {n} | {spread(col(lambda e, s: s['token_layers_per_s'] / e['token_layers_per_s']), '{:.3f}')} | "
+          f"{spread(col(lambda e, s: s['latency_us']['p99'] / max(e['latency_us']['p99'], 1)), '{:.1f}')} | "
+          f"{spread(col(lambda e, s: e['token_layers_per_s']), '{:.0f}')} | "
+          f"{spread(col(lambda e, s: s['token_layers_per_s']), '{:.0f}')} | "
+          f"{spread(col(lambda e, s: e['latency_us']['p99']), '{:.0f}')} | "
+          f"{spread(col(lambda e, s: s['latency_us']['p99']), '{:.0f}')} | "
+          f"{spread(col(lambda e, s: s['server_queue_us']['p99']), '{:.0f}')} | "
+          f"{spread(col(lambda e, s: s['server_compute_us']['p99']), '{:.0f}')} |")
 PY
 if ((PLOT)); then
   echo "run_e2e_bench: results in $OUT_DIR (JSON, tables, PNG plots)" >&2
