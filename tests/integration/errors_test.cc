@@ -80,6 +80,71 @@ class ErrorsTest : public ::testing::Test {
   std::unique_ptr<Harness> harness_;
 };
 
+// Large DecodeBatch calls: each bad item gets its own code in its own slot and every
+// good one its answer; and a call that names each (sequence, layer) twice, at
+// consecutive positions, checks the second after the first (an admission that took a
+// call's items in any order, e.g. on several threads, fails it: session 15 tried one).
+TEST_F(ErrorsTest, ALargeDecodeBatchAnswersEveryItemInItsSlot) {
+  Harness& h = *harness_;
+  InputGen gen(16);
+  // 32 indices x 2 KV heads per item: enough rows for the CPU backend to wake its pool
+  // when the call arrives (kMinRowsForPool in kernels/cpu_attention.cc).
+  constexpr int32_t kTopK = 32;
+  constexpr int kSequences = 40;
+  std::vector<std::string> seqs;
+  for (int i = 0; i < kSequences; ++i) {
+    seqs.push_back("big" + std::to_string(i));
+    h.CreateAndPrefill(gen, seqs.back(), 10 + i % 7);
+  }
+  std::map<std::string, BadCase> bad_cases;
+  for (const BadCase& bad : BadDecodeCases(model_)) bad_cases.emplace(bad.name, bad);
+  uint64_t id = 1;
+  // Runs a call; checks each bad item's code, each good one against the reference
+  // (written to the mirror in order: a repeated (sequence, layer) reads its first token).
+  auto run = [&](const v1::DecodeBatchRequest& call, const std::map<int, std::string>& bad) {
+    v1::DecodeBatchResponse response;
+    grpc::Status s = h.stub().DecodeBatch(Context().get(), call, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(response.responses_size(), call.requests_size());
+    for (int i = 0; i < call.requests_size(); ++i) {
+      const v1::DecodeResponse& answer = response.responses(i);
+      EXPECT_EQ(answer.request_id(), call.requests(i).request_id()) << "item " << i;
+      if (auto it = bad.find(i); it != bad.end()) {
+        EXPECT_EQ(answer.error_code(), bad_cases.at(it->second).code) << it->second;
+        EXPECT_FALSE(answer.error_message().empty()) << it->second;
+        continue;
+      }
+      ASSERT_EQ(answer.error_code(), 0) << "item " << i << ": " << answer.error_message();
+      h.mirror().WriteDecodeToken(call.requests(i));
+      EXPECT_EQ(h.mirror().Check(call.requests(i), answer), "") << "item " << i;
+    }
+  };
+  // Every sequence's layers 0 and 1 once: 80 items, eight of them bad.
+  const std::map<int, std::string> bad_at = {
+      {3, "NaN in q"},  {10, "unknown sequence"}, {17, "position gap"}, {22, "k shape"},
+      {41, "Inf in k"}, {56, "indices dtype"},    {63, "gate missing"}, {79, "-Inf in gate"}};
+  v1::DecodeBatchRequest once;
+  for (int i = 0; i < 2 * kSequences; ++i) {
+    const std::string& seq = seqs[i / 2];
+    const int32_t layer = i % 2;
+    v1::DecodeRequest r = RandomDecode(gen, model_, seq, layer, h.mirror().Length(seq, layer),
+                                       kTopK, i % 3 == 0, id++);
+    if (auto it = bad_at.find(i); it != bad_at.end()) bad_cases.at(it->second).mutate(&r);
+    *once.add_requests() = r;
+  }
+  run(once, bad_at);
+  // Every sequence's layers 0 and 1 at their next two positions, each pair adjacent:
+  // 160 items. Checked in any order, a second of a pair could come before its first.
+  v1::DecodeBatchRequest twice;
+  for (int i = 0; i < 4 * kSequences; ++i) {
+    const std::string& seq = seqs[i / 4];
+    const int32_t layer = (i / 2) % 2;
+    const int64_t position = h.mirror().Length(seq, layer) + i % 2;
+    *twice.add_requests() = RandomDecode(gen, model_, seq, layer, position, kTopK, false, id++);
+  }
+  run(twice, {});
+}
+
 TEST_F(ErrorsTest, EachBadDecodeGetsItsCodeAndTheCacheStaysIntact) {
   Harness& h = *harness_;
   InputGen gen(11);
