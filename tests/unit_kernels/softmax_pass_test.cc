@@ -1,9 +1,9 @@
 // The fused item's AVX-512 softmax must give the bits of the AVX2 softmax (which the
 // reference tests cover, and which the unfused path runs): every probability and lse,
 // for row counts with and without a padded tail, scores near and far apart, ties.
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -17,11 +17,7 @@
 namespace sds {
 namespace {
 
-uint32_t Bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-}
+uint32_t Bits(float x) { return std::bit_cast<uint32_t>(x); }
 
 TEST(SoftmaxPassTest, Avx512MatchesAvx2Bits) {
   if (!CpuSupportsAvx512Bf16Path()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
