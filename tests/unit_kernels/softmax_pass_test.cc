@@ -2,7 +2,6 @@
 // reference tests cover, and which the unfused path runs): every probability and lse,
 // for row counts with and without a padded tail, scores near and far apart, ties.
 #include <bit>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
