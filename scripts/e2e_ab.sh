@@ -29,7 +29,9 @@ run=0
 for label in A B B A; do
   run=$((run + 1))
   out=$work/out_$run
-  if ! OUT_DIR=$out bash bench/e2e/run_e2e_bench.sh "$work/$label" >"$work/run_$run.log" 2>&1; then
+  # One round per run (the A B B A order is the repetition; the rows parsed below are
+  # the single-round table's).
+  if ! OUT_DIR=$out ROUNDS=1 bash bench/e2e/run_e2e_bench.sh "$work/$label" >"$work/run_$run.log" 2>&1; then
     tail -n 30 "$work/run_$run.log" >&2
     echo "e2e_ab: run $run ($label) failed" >&2
     exit 1

@@ -18,7 +18,8 @@
 #   channels, i.e. TCP connections, for the echo and the server alike), OUT_DIR,
 #   TIMEOUT_MS, QUEUE_DELAY_US (200), ROUNDS (1: each case's echo and server runs, taken
 #   in turn echo, server, echo, server...; with 2 or more the table gives each ratio's
-#   median over the rounds and its range, and a case's files are named <case>_r<N>),
+#   median over the rounds and its range, and whether the medians meet issue #5's goals
+#   (throughput >= 0.8x the echo's, p99 <= 2x); a case's files are named <case>_r<N>),
 #   SERVER_FLAGS (extra decode_server flags; default "--eager_batching", plus
 #   "--inline_idle_batches" with BACKEND=cpu, "--idle_spin_us=2000" with BACKEND=cuda
 #   (each measured faster with its backend: bench/RESULTS.md); "" for none).
@@ -211,15 +212,23 @@ if rounds == 1:
 def spread(values, fmt):
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
+def goals(throughput, p99):
+    """Issue #5's goals on the medians: throughput >= 0.8x the echo's, p99 <= 2x."""
+    missed = [what for what, ok in (("throughput", statistics.median(throughput) >= 0.8),
+                                    ("p99", statistics.median(p99) <= 2.0)) if not ok]
+    return "met" if not missed else "missed: " + ", ".join(missed)
+
 print(f"{rounds} rounds per case (echo and server in turn); median (min-max) over the rounds, "
-      "each round's ratio taken against the echo run just before it")
-print("| case | throughput / echo | p99 / echo | echo tok-layers/s | server tok-layers/s | echo p99 us | server p99 us | server queue p99 us | server compute p99 us |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "each round's ratio taken against the echo run just before it; goals: median "
+      "throughput >= 0.8x the echo's and median p99 <= 2x")
+print("| case | throughput / echo | p99 / echo | goals | echo tok-layers/s | server tok-layers/s | echo p99 us | server p99 us | server queue p99 us | server compute p99 us |")
+print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
 for n in names:
     runs = [load(f"{n}_r{r}") for r in range(1, rounds + 1)]
     col = lambda f: [f(e, s) for e, s in runs]
-    print(f"| {n} | {spread(col(lambda e, s: s['token_layers_per_s'] / e['token_layers_per_s']), '{:.3f}')} | "
-          f"{spread(col(lambda e, s: s['latency_us']['p99'] / max(e['latency_us']['p99'], 1)), '{:.1f}')} | "
+    throughput = col(lambda e, s: s['token_layers_per_s'] / e['token_layers_per_s'])
+    p99 = col(lambda e, s: s['latency_us']['p99'] / max(e['latency_us']['p99'], 1))
+    print(f"| {n} | {spread(throughput, '{:.3f}')} | {spread(p99, '{:.1f}')} | {goals(throughput, p99)} | "
           f"{spread(col(lambda e, s: e['token_layers_per_s']), '{:.0f}')} | "
           f"{spread(col(lambda e, s: s['token_layers_per_s']), '{:.0f}')} | "
           f"{spread(col(lambda e, s: e['latency_us']['p99']), '{:.0f}')} | "
