@@ -264,9 +264,17 @@ void DecodeItemAvx2(const DecodeItem& item) {
   } else {
     ScorePassAvx2(item, stride);
   }
-  SoftmaxPass(item, stride);
+  if (item.bf16_scores) {  // the AVX-512 path: its softmax, the same bits, 16 lanes
+    SoftmaxPassAvx512(item, stride);
+  } else {
+    SoftmaxPass(item, stride);
+  }
   if (!item.bf16_scores || !TryValuePassAvx512(item, stride)) ValuePassAvx2(item, stride);
-  GatePass(item);
+  if (item.bf16_scores) {  // likewise its gate pass (G * D % 16 == 0: D % 16 == 0 here)
+    GatePassAvx512(item);
+  } else {
+    GatePass(item);
+  }
 }
 
 }  // namespace sds::cpu_internal

@@ -86,17 +86,18 @@ void ScorePassAvx512Bf16(const DecodeItem& item, int stride);
 bool TryValuePassAvx512(const DecodeItem& item, int stride);
 
 // Softmax of scores [G, stride] (lse too) and the gate of acc [G, D] into out: the AVX2
-// file's passes (the unfused items' own), the bits the fused item's AVX-512 passes below
-// must give (their tests call these).
+// file's passes (the kAvx2 path's), the bits the AVX-512 passes below must give (their
+// tests call these).
 void SoftmaxPassX86(const DecodeItem& item, int stride);
 void GatePassX86(const DecodeItem& item);
 // GatePassX86 sixteen lanes at a time (AVX-512F, G * D % 16 == 0), the same operations per
 // element, so the same bits (tests/unit_kernels/gate_pass_test.cc checks every bf16
-// gate): out [G, D] = acc [G, D] * sigmoid(gate [G, D]) rounded to bf16. The fused item's
-// gate.
+// gate): out [G, D] = acc [G, D] * sigmoid(gate [G, D]) rounded to bf16. The gate of
+// every item on the kAvx512Bf16 path.
 void GatePassAvx512(const DecodeItem& item);
 // SoftmaxPassX86 sixteen lanes at a time (AVX-512F), the same bits (summed in the AVX2
-// order; tests/unit_kernels/softmax_pass_test.cc): the fused item's softmax.
+// order; tests/unit_kernels/softmax_pass_test.cc): the softmax of every item on the
+// kAvx512Bf16 path, fused or one KV head at a time.
 void SoftmaxPassAvx512(const DecodeItem& item, int stride);
 
 // The fused item (kv_heads >= 1 KV heads sharing one row list, each token slot read once

@@ -53,7 +53,9 @@ TEST(SoftmaxPassTest, Avx512MatchesAvx2Bits) {
           const float want = avx2[g * stride + n], got = avx512[g * stride + n];
           ASSERT_EQ(Bits(want), Bits(got)) << "rows " << num_rows << " head " << g << " slot " << n
                                            << ": " << want << " vs " << got;
-          if (n >= num_rows) ASSERT_EQ(got, 0.0f) << "padded slot " << n;
+          if (n >= num_rows) {
+            ASSERT_EQ(got, 0.0f) << "padded slot " << n;
+          }
           total += got;
           ++compared;
         }
