@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -323,6 +324,7 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
 bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>* single,
                        std::vector<DecodeWork>* expired) {
   std::unique_lock<std::mutex> lock(queue_mu_);
+  Clock::time_point spin_until{};  // set by the first spin of this call
   while (true) {
     if (queue_.empty()) {
       if (stopping_) return false;
@@ -339,9 +341,28 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
       return true;
     }
     Clock::time_point wait_until;
-    if (TakeBatchLocked(Clock::now(), decodes, expired, &wait_until)) {
+    const Clock::time_point now = Clock::now();
+    if (TakeBatchLocked(now, decodes, expired, &wait_until)) {
       assembler_holding_ = true;
       return true;
+    }
+    // Eager and a batch in flight: the batch closes when that one is done (or a request
+    // arrives that closes it). With idle_spin, poll for either instead of sleeping: the
+    // next batch would otherwise start a futex wake-up after the last one ended, on the
+    // path of every batch under load. TakeBatchLocked checks again under the lock after
+    // the spin, so a notification missed while spinning is not lost.
+    if (options_.eager && options_.idle_spin.count() > 0 && batches_in_flight_.load() > 0) {
+      if (spin_until == Clock::time_point{}) spin_until = now + options_.idle_spin;
+      if (now < spin_until) {
+        const uint64_t seen = queue_events_.load(std::memory_order_relaxed);
+        lock.unlock();
+        SpinUntil(std::min(spin_until, wait_until), [&] {
+          return batches_in_flight_.load(std::memory_order_relaxed) == 0 ||
+                 queue_events_.load(std::memory_order_relaxed) != seen;
+        });
+        lock.lock();
+        continue;
+      }
     }
     queue_cv_.wait_until(lock, wait_until);
   }
@@ -507,11 +528,21 @@ void Batcher::RunReady(Ready& ready) {
   int64_t items = 0;
   if (ready.buffer >= 0) {
     items = static_cast<int64_t>(ready.decodes.size());
+    // The batch's staging buffer and the executor go to the next batch before its
+    // answers are completed: on the H200 host at 16 streams the completions (posts to
+    // the answer threads) held the next batch back.
+    bool released = false;
     try {
-      executor_->RunDecodeBatch(*staging_[ready.buffer], ready.decodes);  // answers them
+      executor_->RunDecodeBatch(*staging_[ready.buffer], ready.decodes, [&] {
+        released = true;  // first: were it to throw, a second release would double-free
+        ReleaseResources(ready);
+      });  // answers them
     } catch (const std::exception& e) {
       spdlog::critical("executor: exception escaped a decode batch's answers: {}", e.what());
     }
+    if (!released) ReleaseResources(ready);
+    FinishUnit(items);
+    return;
   } else if (auto* append = std::get_if<AppendWork>(ready.single.get())) {
     items = 1;
     absl::StatusOr<int64_t> length;
@@ -539,6 +570,16 @@ void Batcher::RunReady(Ready& ready) {
 }
 
 void Batcher::ReleaseUnit(Ready& ready, int64_t items) {
+  ReleaseResources(ready);
+  FinishUnit(items);
+}
+
+void Batcher::FinishUnit(int64_t items) {
+  Completed(items);
+  if (options_.after_unit_release_for_test) options_.after_unit_release_for_test();
+}
+
+void Batcher::ReleaseResources(const Ready& ready) {
   bool queued_units = false;
   {
     std::lock_guard<std::mutex> lock(pipe_mu_);
@@ -563,8 +604,6 @@ void Batcher::ReleaseUnit(Ready& ready, int64_t items) {
       if (queued) queue_cv_.notify_one();
     }
   }
-  Completed(items);
-  if (options_.after_unit_release_for_test) options_.after_unit_release_for_test();
 }
 
 bool Batcher::Drain(Clock::time_point deadline) {

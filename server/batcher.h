@@ -58,7 +58,8 @@ struct BatcherOptions {
   // 1 = the assembling thread alone.
   int32_t staging_threads = 1;
   // How long the assembler and executor threads spin for new work before they sleep
-  // (spin_wait.h); 0 = sleep at once.
+  // (spin_wait.h), and an eager assembler for the batch in flight to end; 0 = sleep at
+  // once.
   std::chrono::microseconds idle_spin{0};
   // Tests only: called by the releasing thread as the last step of every unit's release
   // (its staging buffer free, its items counted as completed).
@@ -140,9 +141,14 @@ class Batcher {
   // staging buffer and accounts for it. A fork/release whose deadline passed or whose
   // call was cancelled is answered without running (a prefill's check is the executor's).
   void RunReady(Ready& ready);
-  // The end of every unit, run or not: executor_running_ cleared, the staging buffer
-  // freed, waiters woken, `items` accounted as completed.
+  // The end of every unit, run or not: ReleaseResources, then FinishUnit.
   void ReleaseUnit(Ready& ready, int64_t items);
+  // executor_running_ cleared, the staging buffer freed, a decode batch no longer in
+  // flight, waiters woken. A decode batch's run calls it before its completions
+  // (Executor::RunDecodeBatch's before_answers), so the next unit may run meanwhile.
+  void ReleaseResources(const Ready& ready);
+  // After the unit's completions: `items` accounted as completed (Drain), the test hook.
+  void FinishUnit(int64_t items);
   // ClaimForSubmitterLocked that never throws: false (the work stays queued) on error.
   bool TryClaimLocked(SubmitterRun* claim);
   bool QueueNonEmpty() const;

@@ -68,7 +68,8 @@ Executor::~Executor() {
   if (append_block_) backend_->FreeStaging(append_block_);
 }
 
-void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items) {
+void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+                              const std::function<void()>& before_answers) {
   std::vector<absl::Status> status;
   size_t finished = 0;
   absl::Status failed;
@@ -86,6 +87,9 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& i
     failed =
         absl::InternalError(absl::StrCat("internal error while running the batch: ", e.what()));
   }
+  // The answers are encoded (EncodeAnswer copies out of staging); the completions below
+  // use only `items`, `status` and `failed`.
+  if (before_answers) before_answers();
   for (size_t i = 0; i < items.size(); ++i) {
     try {
       items[i].done(failed.ok() || i < finished

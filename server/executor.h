@@ -31,7 +31,13 @@ class Executor {
   // `items[i]` was copied into row i of `staging` by the assembler. Answers every item
   // exactly once (if running the batch throws: INTERNAL for each item not finished by
   // then); does not throw unless a completion's own failure handling does.
-  void RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items);
+  // `before_answers` (may be empty; must not throw) runs once, after the batch has run
+  // and its answers are encoded, before the first completion: from then on neither
+  // `staging` nor this executor is used by this call, so the caller may hand both to
+  // the next batch while the completions run (DecodeStream answers are posted to other
+  // threads, each a wake-up on this one).
+  void RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+                      const std::function<void()>& before_answers = {});
   // The prefill's new length, or why it failed (the caller answers `work.done`). Not run
   // when its deadline passed or its call was cancelled. May throw (bad_alloc).
   absl::StatusOr<int64_t> RunAppend(const AppendWork& work);

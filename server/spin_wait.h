@@ -16,6 +16,25 @@
 
 namespace sds::server {
 
+// Polls `done()` until it holds (true) or `until` has passed (false), handing the core
+// to any runnable thread between rounds. No lock is held: `done` reads atomics, and the
+// caller checks its state again under its lock.
+template <typename Done>
+bool SpinUntil(std::chrono::steady_clock::time_point until, Done done) {
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+    // Hands the core to any thread runnable on it (returns at once when there is none):
+    // a spinner that kept its core for the whole spin made a woken gRPC or answer
+    // thread queued behind it wait up to the spin's length (16 streams over 4
+    // connections on the H200 host: a 2 ms queue-wait tail at --idle_spin_us=2000).
+    std::this_thread::yield();
+  }
+}
+
 // Waits on `cv` under `lock` until `ready()`. When `spin` is positive it first spins,
 // with the lock released, until `events` changes (a counter bumped under the same mutex
 // whenever the state `ready` reads changes) or `spin` has passed; then, whatever the
@@ -31,19 +50,9 @@ void SpinThenWait(std::unique_lock<std::mutex>& lock, std::condition_variable& c
   if (spin.count() > 0) {
     const uint64_t seen = events.load(std::memory_order_relaxed);  // exact: under the lock
     lock.unlock();
-    const auto until = std::chrono::steady_clock::now() + spin;
-    bool changed = false;
-    while (!changed && std::chrono::steady_clock::now() < until) {
-      for (int i = 0; i < 64 && !changed; ++i) {
-        CpuRelax();
-        changed = events.load(std::memory_order_relaxed) != seen;  // the data: under the lock
-      }
-      // Hands the core to any thread runnable on it (returns at once when there is none):
-      // a spinner that kept its core for the whole spin made a woken gRPC or answer
-      // thread queued behind it wait up to the spin's length (16 streams over 4
-      // connections on the H200 host: a 2 ms queue-wait tail at --idle_spin_us=2000).
-      if (!changed) std::this_thread::yield();
-    }
+    // The data: under the lock, below.
+    SpinUntil(std::chrono::steady_clock::now() + spin,
+              [&] { return events.load(std::memory_order_relaxed) != seen; });
     lock.lock();
   }
   cv.wait(lock, ready);

@@ -83,12 +83,13 @@ struct Record {
 
 class BatcherTest : public ::testing::Test {
  protected:
-  void Start(bool run_on_submitter, std::chrono::microseconds idle_spin = {}) {
+  void Start(bool run_on_submitter, std::chrono::microseconds idle_spin = {},
+             std::chrono::microseconds max_queue_delay = std::chrono::milliseconds(50)) {
     const absl::Status built = stack_.Init();
     ASSERT_TRUE(built.ok()) << built;
     BatcherOptions options;
     options.max_batch_size = stack_.config.max_batch_size;
-    options.max_queue_delay = std::chrono::milliseconds(50);
+    options.max_queue_delay = max_queue_delay;
     options.eager = true;
     options.run_on_submitter = run_on_submitter;
     options.idle_spin = idle_spin;
@@ -295,6 +296,73 @@ TEST_F(BatcherTest, LongSpinsEndOnWorkAndOnStop) {
   const auto stop_start = std::chrono::steady_clock::now();
   batcher_->Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::milliseconds(500));
+}
+
+// An eager assembler waits for the batch in flight to end before it closes the next
+// one; with idle_spin it polls for that end instead of sleeping, and must not miss it:
+// here the spin (2 s) and the queue delay (10 s) are far longer than the test allows.
+TEST_F(BatcherTest, SpinningAssemblerClosesTheNextBatchWhenTheOneInFlightEnds) {
+  Start(/*run_on_submitter=*/true, std::chrono::seconds(2), std::chrono::seconds(10));
+  absl::Notification entered, release;
+  std::shared_ptr<Record> first;
+  // Claimed by its submitter and held inside its run (the executor's "still wanted?"
+  // check), so that it stays in flight.
+  std::thread submitter([&] {
+    pthread_setname_np(pthread_self(), "test-submitter");
+    Batcher::SubmitterRun run;
+    first = SubmitDecodeAt({.sequence = "f",
+                            .cancelled =
+                                [&] {
+                                  if (!entered.HasBeenNotified()) {
+                                    entered.Notify();
+                                    release.WaitForNotificationWithTimeout(kWait);
+                                  }
+                                  return false;
+                                },
+                            .claim = &run});
+    run.Run();
+  });
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(kWait)) << "the batch was not claimed";
+  std::shared_ptr<Record> second = SubmitDecode("g");
+  EXPECT_FALSE(second->done.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
+      << "the second batch closed while the first was in flight";
+  const auto released = std::chrono::steady_clock::now();
+  release.Notify();
+  submitter.join();
+  Wait(second);
+  EXPECT_LT(std::chrono::steady_clock::now() - released, std::chrono::milliseconds(500));
+  Wait(first);
+  EXPECT_TRUE(first->status.ok()) << first->status;
+  EXPECT_TRUE(second->status.ok()) << second->status;
+  EXPECT_EQ(second->thread, "sds-assembler");
+}
+
+// A batch gives its staging buffer and the executor back before its completions run
+// (its answers are encoded by then): the next batch runs while a completion of the
+// previous one still holds its thread.
+TEST_F(BatcherTest, ABatchsCompletionsDoNotHoldTheNextBatch) {
+  Start(/*run_on_submitter=*/true);
+  absl::Notification entered, release;
+  // Into an idle batcher without a claim: the assembler runs it, and its completion
+  // holds the assembler's thread.
+  std::shared_ptr<Record> first =
+      SubmitDecodeAt({.sequence = "a", .entered = &entered, .release = &release});
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(kWait));
+  std::shared_ptr<Record> second;
+  OnSubmitterThread([&] {
+    Batcher::SubmitterRun run;
+    second = SubmitDecode("b", false, &run);
+    run.Run();
+  });
+  EXPECT_TRUE(second->done.HasBeenNotified())
+      << "the next batch waited for the previous one's completions";
+  release.Notify();
+  Wait(first);
+  Wait(second);
+  EXPECT_TRUE(first->status.ok()) << first->status;
+  EXPECT_EQ(first->thread, "sds-assembler");
+  EXPECT_TRUE(second->status.ok()) << second->status;
+  EXPECT_EQ(second->thread, "test-submitter");
 }
 
 // A work item without an answer slot is refused INTERNAL, not run or dereferenced; the
