@@ -9,24 +9,43 @@
 #   e.g. bash bench/e2e/profile_case.sh build --mode=stream --concurrency=16
 # Knobs (environment): TARGET (server | echo), PERF (stat | record | none),
 #   PERF_ARGS (perf record flags, default -g), DURATION_S (6), OUT (/tmp/sds_profile_case),
-#   SERVER_FLAGS (default "--eager_batching --inline_idle_batches"), CPU_THREADS (0).
+#   BACKEND (cpu | cuda, default cpu), SHAPE (small | seed, default small: the shapes of
+#   run_e2e_bench.sh), SERVER_FLAGS (default "--eager_batching --inline_idle_batches" with
+#   BACKEND=cpu, "--eager_batching --idle_spin_us=2000" with cuda: the bench's), CPU_THREADS (0).
+# BIN is a build directory or a GPU bundle's bin/ (flat: decode_server, echo_server,
+# decode_loadgen side by side).
 set -euo pipefail
 BIN=$1
 shift
 TARGET=${TARGET:-server} PERF=${PERF:-stat} OUT=${OUT:-/tmp/sds_profile_case}
-DURATION_S=${DURATION_S:-6}
+DURATION_S=${DURATION_S:-6} BACKEND=${BACKEND:-cpu}
 mkdir -p "$OUT"
-SHAPE=(--num_layers=2 --num_q_heads=8 --num_kv_heads=2 --head_dim=64)
+case ${SHAPE:-small} in
+  small) SHAPE_FLAGS=(--num_layers=2 --num_q_heads=8 --num_kv_heads=2 --head_dim=64) TOPK=64 ;;
+  seed) SHAPE_FLAGS=(--num_layers=2 --num_q_heads=32 --num_kv_heads=8 --head_dim=128) TOPK=512 ;;
+  *) echo "profile_case: SHAPE must be small or seed" >&2; exit 2 ;;
+esac
+if [[ -x $BIN/decode_server ]]; then
+  SERVER=$BIN/decode_server ECHO=$BIN/echo_server LOADGEN=$BIN/decode_loadgen
+else
+  SERVER=$BIN/server/decode_server ECHO=$BIN/bench/e2e/echo_server
+  LOADGEN=$BIN/client/loadgen/decode_loadgen
+fi
+# Cache for 256 sequences x (576 + 257) tokens, K+V FP8, 2 layers, 2x slack (as the bench).
+HKV_D=$((${SHAPE_FLAGS[2]#*=} * ${SHAPE_FLAGS[3]#*=}))
+CACHE_BYTES=$((256 * 833 * HKV_D * 2 * 2 * 2))
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PORT=$(free_port)
-read -r -a EXTRA <<<"${SERVER_FLAGS---eager_batching --inline_idle_batches}"
+DEFAULT_FLAGS="--eager_batching --inline_idle_batches"
+[[ $BACKEND == cuda ]] && DEFAULT_FLAGS="--eager_batching --idle_spin_us=2000"
+read -r -a EXTRA <<<"${SERVER_FLAGS-$DEFAULT_FLAGS}"
 if [[ $TARGET == server ]]; then
-  "$BIN/server/decode_server" --listen=127.0.0.1:"$PORT" --metrics_listen=127.0.0.1:"$(free_port)" \
-    --backend=cpu "${SHAPE[@]}" --page_size=64 --cache_bytes=$((256 * 833 * 2 * 64 * 2 * 2 * 2)) \
+  "$SERVER" --listen=127.0.0.1:"$PORT" --metrics_listen=127.0.0.1:"$(free_port)" \
+    --backend="$BACKEND" "${SHAPE_FLAGS[@]}" --page_size=64 --cache_bytes=$CACHE_BYTES \
     --max_batch_size=256 --max_queue_delay_us=200 --cpu_threads="${CPU_THREADS:-0}" "${EXTRA[@]}" \
     >"$OUT/server.log" 2>&1 &
 else
-  "$BIN/bench/e2e/echo_server" --listen=127.0.0.1:"$PORT" "${SHAPE[@]}" --max_batch_size=256 \
+  "$ECHO" --listen=127.0.0.1:"$PORT" "${SHAPE_FLAGS[@]}" --max_batch_size=256 \
     >"$OUT/server.log" 2>&1 &
 fi
 SERVER_PID=$!
@@ -35,7 +54,7 @@ for _ in $(seq 100); do
   python3 -c "import socket; socket.create_connection(('127.0.0.1',$PORT),1)" 2>/dev/null && break
   sleep 0.2
 done
-"$BIN/client/loadgen/decode_loadgen" --target=127.0.0.1:"$PORT" --prefill_len=576 --topk=64 \
+"$LOADGEN" --target=127.0.0.1:"$PORT" --prefill_len=576 --topk="$TOPK" \
   --duration_s="$DURATION_S" --warmup_s=1 --timeout_ms=10000 --label=case \
   --json_out="$OUT/loadgen.json" "$@" >"$OUT/loadgen.txt" 2>&1 &
 LOADGEN_PID=$!
