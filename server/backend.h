@@ -1,8 +1,8 @@
 // The one interface between the server and the attention maths. The server fills
 // host staging buffers (allocated through AllocateStaging, so the CUDA backend can
-// pin them) and calls Run one call at a time (from the batcher's executor or
-// assembler thread, never both at once, ordered by a mutex); Run returns when every
-// output is in host memory. Implementations: cpu_backend (kernels/cpu_*) and
+// pin them) and calls Run from the batcher's threads: at most max_concurrent_runs()
+// calls at once, each for a batch whose sequences no other running batch holds; Run
+// returns when every output is in host memory. Implementations: cpu_backend (kernels/cpu_*) and
 // cuda_backend (kernels/cuda/*).
 #pragma once
 
@@ -59,6 +59,9 @@ class Backend {
   // Runs the work synchronously. Errors are INTERNAL (a bug or a device fault), or
   // BackendLostError when the backend can run nothing any more.
   virtual absl::Status Run(const BatchWork& work, BatchTiming* timing) = 0;
+  // Runs that may overlap to advantage (CUDA: one per lane, each with its own stream and
+  // buffers). Run is safe to call concurrently either way (beyond this many calls wait).
+  virtual int max_concurrent_runs() const { return 1; }
   // A hint from the request path that a batch is on its way (a DecodeBatch message is
   // being checked and staged): a backend with idle threads may wake them now, so that
   // they are running when Run comes. gathered_rows: the batch's K/V rows (sum over its

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "server/spin_wait.h"
@@ -101,10 +102,36 @@ void Batcher::Start() {
     pthread_setname_np(pthread_self(), "sds-assembler");  // for top -H, perf, gdb
     AssemblerLoop();
   });
-  executor_thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "sds-executor");
-    ExecutorLoop();
-  });
+  for (int i = 0; i < std::max(1, options_.max_concurrent_batches); ++i) {
+    executor_threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "sds-executor");
+      ExecutorLoop();
+    });
+  }
+}
+
+bool Batcher::CanStartLocked(const Ready& ready) const {
+  if (ready.buffer < 0) return running_ == 0;
+  return !running_alone_ && running_ < std::max(1, options_.max_concurrent_batches);
+}
+
+void Batcher::MarkRunningLocked(const Ready& ready) {
+  ++running_;
+  running_alone_ = ready.buffer < 0;
+}
+
+void Batcher::AddInFlightSequencesLocked(const std::vector<DecodeWork>& decodes, size_t first) {
+  if (options_.max_concurrent_batches <= 1) return;
+  for (size_t i = first; i < decodes.size(); ++i)
+    ++in_flight_sequences_[absl::HashOf(decodes[i].key)];
+}
+
+void Batcher::RemoveInFlightSequencesLocked(const std::vector<DecodeWork>& decodes) {
+  if (options_.max_concurrent_batches <= 1) return;
+  for (const DecodeWork& d : decodes) {
+    auto it = in_flight_sequences_.find(absl::HashOf(d.key));
+    if (it != in_flight_sequences_.end() && --it->second == 0) in_flight_sequences_.erase(it);
+  }
 }
 
 absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool urgent, bool* wake) {
@@ -117,9 +144,12 @@ absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool ur
   // by itself when the oldest request's delay ends. Wake it only when this entry can
   // close a batch earlier: a context switch per request is the largest cost otherwise.
   const auto* decode = std::get_if<DecodeWork>(&entry);
+  // With concurrent batches the queued requests may all be held back (their sequences
+  // in flight), so that this one could close a batch at once.
   const bool wake_now = decode == nullptr || (options_.eager && decode->closes_batch) ||
                         queue_.empty() ||
-                        queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size);
+                        queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size) ||
+                        !in_flight_sequences_.empty();
   // The push first: when it throws (bad_alloc) nothing below has changed, and the
   // caller still owns the work.
   if (urgent) {
@@ -278,10 +308,14 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
       blocked = true;
       break;
     }
+    // Kept for a later batch: a second decode of a (sequence, layer) in this batch, or a
+    // decode of a sequence that a batch in flight holds.
+    const bool in_flight =
+        !in_flight_sequences_.empty() && in_flight_sequences_.contains(absl::HashOf(d->key));
     if (now > d->deadline) {
       actions.push_back(ScanAction::kExpire);
       ++expiring;
-    } else if (seen.emplace(d->key, d->request->layer()).second) {
+    } else if (!in_flight && seen.emplace(d->key, d->request->layer()).second) {
       actions.push_back(ScanAction::kTake);
       ++eligible;
       oldest = std::min(oldest, d->enqueued);
@@ -290,17 +324,25 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
       actions.push_back(ScanAction::kKeep);
     }
   }
+  // Nothing to take (every scanned request's sequence is in a batch in flight): wait for
+  // that batch, whatever else holds (a non-decode entry behind keeps its place).
+  const bool anything = eligible > 0 || expiring > 0;
   const bool close =
-      eligible >= static_cast<size_t>(options_.max_batch_size) || blocked || draining_ ||
-      stopping_ || actions.size() >= scan_limit ||
-      (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
-      (eligible > 0 && options_.eager && (closes || batches_in_flight_.load() == 0)) ||
-      (eligible == 0 && expiring > 0);
+      anything &&
+      (eligible >= static_cast<size_t>(options_.max_batch_size) || blocked || draining_ ||
+       stopping_ || actions.size() >= scan_limit ||
+       (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
+       (eligible > 0 && options_.eager &&
+        (closes || batches_in_flight_.load() < std::max(1, options_.max_concurrent_batches))) ||
+       (eligible == 0 && expiring > 0));
   if (!close) {
-    *wait_until = oldest + options_.max_queue_delay;
+    // Nothing eligible (every request's sequence is in flight): a batch's release wakes
+    // the assembler; the delay bounds the wait anyway.
+    *wait_until = (eligible > 0 ? oldest : now) + options_.max_queue_delay;
     return false;
   }
   // Allocate first: once entries leave the queue nothing may throw, or they would be lost.
+  const size_t first_taken = decodes->size();
   decodes->reserve(decodes->size() + eligible);
   expired->reserve(expired->size() + expiring);
   for (size_t i = 0; i < actions.size(); ++i) {
@@ -318,6 +360,7 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
   }
   queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(to));
   limited_in_queue_ -= static_cast<int64_t>(eligible + expiring);
+  AddInFlightSequencesLocked(*decodes, first_taken);
   return true;
 }
 
@@ -351,13 +394,14 @@ bool Batcher::TakeWork(std::vector<DecodeWork>* decodes, std::unique_ptr<Entry>*
     // next batch would otherwise start a futex wake-up after the last one ended, on the
     // path of every batch under load. TakeBatchLocked checks again under the lock after
     // the spin, so a notification missed while spinning is not lost.
-    if (options_.eager && options_.idle_spin.count() > 0 && batches_in_flight_.load() > 0) {
+    const int in_flight = batches_in_flight_.load();
+    if (options_.eager && options_.idle_spin.count() > 0 && in_flight > 0) {
       if (spin_until == Clock::time_point{}) spin_until = now + options_.idle_spin;
       if (now < spin_until) {
         const uint64_t seen = queue_events_.load(std::memory_order_relaxed);
         lock.unlock();
         SpinUntil(std::min(spin_until, wait_until), [&] {
-          return batches_in_flight_.load(std::memory_order_relaxed) == 0 ||
+          return batches_in_flight_.load(std::memory_order_relaxed) != in_flight ||
                  queue_events_.load(std::memory_order_relaxed) != seen;
         });
         lock.lock();
@@ -376,7 +420,7 @@ bool Batcher::ClaimForSubmitterLocked(SubmitterRun* claim) {
   std::lock_guard<std::mutex> lock(pipe_mu_);
   // Idle: no unit runs or waits for the executor thread, and the assembler holds none
   // (one it took earlier would otherwise run after this later one).
-  if (executor_running_ || assembler_holding_ || !ready_.empty() || free_buffers_.empty()) {
+  if (running_ > 0 || assembler_holding_ || !ready_.empty() || free_buffers_.empty()) {
     return false;
   }
   Clock::time_point wait_until;
@@ -387,7 +431,7 @@ bool Batcher::ClaimForSubmitterLocked(SubmitterRun* claim) {
   if (ready.decodes.empty()) return false;
   ready.buffer = free_buffers_.back();
   free_buffers_.pop_back();
-  executor_running_ = true;
+  MarkRunningLocked(ready);
   pipe_events_.fetch_add(1, std::memory_order_relaxed);  // a spinning executor sleeps instead
   batches_in_flight_.fetch_add(1);
   return true;
@@ -427,7 +471,7 @@ void Batcher::RunClaimedUnit(SubmitterRun* claim) {
     RunReady(ready);  // catches, then releases the unit
     return;
   }
-  // Not run: answer its requests, then release the unit (executor_running_, the staging
+  // Not run: answer its requests, then release the unit (running_, the staging
   // buffer) as RunReady would, so that the batcher does not wedge.
   AnswerAll(ready.decodes, absl::InternalError("internal error while staging the batch; "
                                                "it was not run"));
@@ -487,8 +531,12 @@ void Batcher::AssemblerLoop() {
       // that decodes arriving meanwhile are still assembled.
       const bool prefill =
           ready.single != nullptr && std::holds_alternative<AppendWork>(*ready.single);
-      run_here = has_work && !prefill && queue_empty && ready_.empty() && !executor_running_;
-      if (run_here) executor_running_ = true;
+      // With concurrent batches and spinning executor threads a hand-over costs no wake-up,
+      // and this thread stays free to assemble the batch that runs beside this one.
+      const bool keep_free = options_.max_concurrent_batches > 1 && options_.idle_spin.count() > 0;
+      run_here =
+          has_work && !prefill && !keep_free && queue_empty && ready_.empty() && running_ == 0;
+      if (run_here) MarkRunningLocked(ready);
       if (has_work && !run_here) ready_.push_back(std::move(ready));
       if (!more) assembler_done_ = true;
       // Ends an executor's spin: on a hand-over it runs the unit, on a unit run here it
@@ -497,7 +545,9 @@ void Batcher::AssemblerLoop() {
     }
     if (run_here) {
       RunReady(ready);
-    } else if (has_work || !more) {
+    } else if (!more) {
+      ready_cv_.notify_all();  // every executor thread exits once ready_ is empty
+    } else if (has_work) {
       ready_cv_.notify_one();
     }
     if (!more) return;
@@ -510,12 +560,13 @@ void Batcher::ExecutorLoop() {
     {
       std::unique_lock<std::mutex> lock(pipe_mu_);
       SpinThenWait(lock, ready_cv_, pipe_events_, options_.idle_spin, [&] {
-        return (!ready_.empty() && !executor_running_) || (ready_.empty() && assembler_done_);
+        return (!ready_.empty() && CanStartLocked(ready_.front())) ||
+               (ready_.empty() && assembler_done_);
       });
       if (ready_.empty()) return;
       ready = std::move(ready_.front());
       ready_.pop_front();
-      executor_running_ = true;
+      MarkRunningLocked(ready);
     }
     RunReady(ready);
   }
@@ -583,26 +634,30 @@ void Batcher::ReleaseResources(const Ready& ready) {
   bool queued_units = false;
   {
     std::lock_guard<std::mutex> lock(pipe_mu_);
-    executor_running_ = false;
+    --running_;
+    running_alone_ = false;
     if (ready.buffer >= 0) free_buffers_.push_back(ready.buffer);
     queued_units = !ready_.empty();
     pipe_events_.fetch_add(1, std::memory_order_relaxed);
   }
-  // A unit handed over while this one ran on a submitting thread waits for this moment.
-  if (queued_units && options_.run_on_submitter) ready_cv_.notify_one();
+  // A unit handed over while this one ran on a submitting thread, or one that waited for
+  // the units running beside this one, waits for this moment.
+  const int max_batches = std::max(1, options_.max_concurrent_batches);
+  if (queued_units && (options_.run_on_submitter || max_batches > 1)) ready_cv_.notify_all();
   if (ready.buffer >= 0) {
     buffer_cv_.notify_one();
-    // An eager assembler holding requests waits for this moment.
-    if (batches_in_flight_.fetch_sub(1) == 1 && options_.eager) {
-      // Under the lock, so that no wake-up is lost (see TakeWork); an empty queue needs
-      // none: the next submit sees no batch in flight and wakes the assembler itself.
-      bool queued;
-      {
-        std::lock_guard<std::mutex> lock(queue_mu_);
-        queued = !queue_.empty();
-      }
-      if (queued) queue_cv_.notify_one();
+    // An eager assembler holding requests waits for this moment, and with concurrent
+    // batches requests of this batch's sequences may be queued. Checked under the lock,
+    // so that no wake-up is lost (see TakeWork); an empty queue needs none: the next
+    // submit wakes the assembler itself when it can close a batch.
+    const int before = batches_in_flight_.fetch_sub(1);
+    bool queued = false;
+    if (max_batches > 1 || (before == 1 && options_.eager)) {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      RemoveInFlightSequencesLocked(ready.decodes);
+      queued = !queue_.empty();
     }
+    if (queued) queue_cv_.notify_one();
   }
 }
 
@@ -632,12 +687,12 @@ void Batcher::Stop() {
   Completed(static_cast<int64_t>(leftover.size()));
   if (started_) {
     assembler_.join();
-    executor_thread_.join();
+    for (std::thread& t : executor_threads_) t.join();
   }
   // A unit running on a submitting thread still uses the executor and a staging buffer,
   // and its thread the batcher until its run is done (ClaimDone).
   std::unique_lock<std::mutex> lock(pipe_mu_);
-  buffer_cv_.wait(lock, [&] { return !executor_running_ && claims_in_flight_ == 0; });
+  buffer_cv_.wait(lock, [&] { return running_ == 0 && claims_in_flight_ == 0; });
 }
 
 }  // namespace sds::server

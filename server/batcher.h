@@ -16,7 +16,10 @@
 // for a later batch. With `eager`, a batch also closes at once when it holds the last
 // item of a DecodeBatch call (`DecodeWork::closes_batch`: the runner sent its whole
 // batch) or when the executor has no batch (an idle executor gains nothing by
-// waiting). Critical sections only move queue entries; condition variables are
+// waiting). With max_concurrent_batches > 1 (a backend with several lanes) that many
+// executor threads run decode batches side by side, each batch free of the sequences of
+// the others; the eager close then waits only for a free lane.
+// Critical sections only move queue entries; condition variables are
 // notified after the lock is released, and only when the waiter's decision can change
 // (a queue that was empty, a full batch, a non-decode entry, a finished batch).
 #pragma once
@@ -34,6 +37,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -61,6 +65,12 @@ struct BatcherOptions {
   // (spin_wait.h), and an eager assembler for the batch in flight to end; 0 = sleep at
   // once.
   std::chrono::microseconds idle_spin{0};
+  // Decode batches that may run at once (each on its own executor thread, for a
+  // backend that runs concurrent batches on separate lanes: Backend::max_concurrent_runs).
+  // A batch then holds no sequence that a batch in flight holds (its page table and
+  // copy-on-write stay with the one batch), and fork/release and prefill units still run
+  // alone. Needs max_concurrent_batches + 1 staging buffers to keep one filling.
+  int32_t max_concurrent_batches = 1;
   // Tests only: called by the releasing thread as the last step of every unit's release
   // (its staging buffer free, its items counted as completed).
   std::function<void()> after_unit_release_for_test;
@@ -98,7 +108,8 @@ class Batcher {
     std::vector<DecodeWork> expired_;
   };
 
-  // Takes two staging buffers sized for options.max_batch_size.
+  // Takes the staging buffers (sized for options.max_batch_size): at least two, and
+  // options.max_concurrent_batches + 1 for concurrent batches to overlap their filling.
   Batcher(const BatcherOptions& options, Executor* executor,
           std::vector<std::unique_ptr<StagingBuffer>> staging);
   ~Batcher();  // Stop()
@@ -143,9 +154,19 @@ class Batcher {
   void RunReady(Ready& ready);
   // The end of every unit, run or not: ReleaseResources, then FinishUnit.
   void ReleaseUnit(Ready& ready, int64_t items);
-  // executor_running_ cleared, the staging buffer freed, a decode batch no longer in
-  // flight, waiters woken. A decode batch's run calls it before its completions
-  // (Executor::RunDecodeBatch's before_answers), so the next unit may run meanwhile.
+  // Requires pipe_mu_. Whether `ready` may start now: a decode batch while fewer than
+  // max_concurrent_batches decode batches run and no other unit does; any other unit
+  // only when nothing runs.
+  bool CanStartLocked(const Ready& ready) const;
+  // Requires pipe_mu_. Counts `ready` as running.
+  void MarkRunningLocked(const Ready& ready);
+  // Requires queue_mu_. The sequences of decode batches in flight
+  // (max_concurrent_batches > 1 only): add a batch's (decodes[first..]) or remove them.
+  void AddInFlightSequencesLocked(const std::vector<DecodeWork>& decodes, size_t first);
+  void RemoveInFlightSequencesLocked(const std::vector<DecodeWork>& decodes);
+  // The unit no longer running, the staging buffer freed, a decode batch (and its
+  // sequences) no longer in flight, waiters woken. A decode batch's run calls it before its
+  // completions (Executor::RunDecodeBatch's before_answers), so the next unit may run meanwhile.
   void ReleaseResources(const Ready& ready);
   // After the unit's completions: `items` accounted as completed (Drain), the test hook.
   void FinishUnit(int64_t items);
@@ -197,13 +218,17 @@ class Batcher {
   enum class ScanAction : char { kKeep, kTake, kExpire };
   std::vector<ScanAction> scan_actions_;
   absl::flat_hash_set<std::pair<absl::string_view, int32_t>> scan_seen_;
+  // max_concurrent_batches > 1: how many in-flight decode batches hold each sequence,
+  // by the hash of its id (a collision only holds a request back for a batch).
+  absl::flat_hash_map<uint64_t, int> in_flight_sequences_;
 
   std::mutex pipe_mu_;
   std::condition_variable buffer_cv_;  // the assembler waits for a free staging buffer
   std::condition_variable ready_cv_;   // the executor waits for work
   std::vector<int> free_buffers_;
   std::deque<Ready> ready_;
-  bool executor_running_ = false;  // a unit is running (on any thread)
+  int running_ = 0;             // units running (on any thread)
+  bool running_alone_ = false;  // the one running unit is not a decode batch
   // Claims whose submitting thread has yet to finish running them (their runs still
   // touch this batcher after the unit is released); Stop waits for 0.
   int claims_in_flight_ = 0;
@@ -215,7 +240,7 @@ class Batcher {
   // SpinThenWait's `events`, bumped under the mutex of the state they announce, on their
   // own cache lines (the spinning thread reads them in a loop): queue_events_ when an
   // entry is pushed or the batcher stops (queue_mu_), pipe_events_ when ready_,
-  // executor_running_ or assembler_done_ change (pipe_mu_).
+  // running_ or assembler_done_ change (pipe_mu_).
   alignas(64) std::atomic<uint64_t> queue_events_{0};
   alignas(64) std::atomic<uint64_t> pipe_events_{0};
 
@@ -224,7 +249,7 @@ class Batcher {
   int64_t outstanding_ = 0;  // submitted, not yet completed
 
   std::thread assembler_;
-  std::thread executor_thread_;
+  std::vector<std::thread> executor_threads_;  // max_concurrent_batches of them
   bool started_ = false;
 };
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -47,6 +48,9 @@ class CpuBackend : public Backend {
           "CPU backend: decode batch has " + std::to_string(work.decode.num_q_heads) +
           " query heads, backend was configured for " + std::to_string(num_q_heads_));
     }
+    // One batch at a time: the pool serves one job (max_concurrent_runs() is 1; a caller
+    // that runs batches side by side anyway gets them one after the other).
+    std::lock_guard<std::mutex> lock(run_mu_);
     const auto start = std::chrono::steady_clock::now();
     if (work.append.num_tokens > 0) CpuAppend(view, work.append);
     if (work.decode.num_requests > 0) CpuDecode(view, work.decode, &pool_);
@@ -58,6 +62,7 @@ class CpuBackend : public Backend {
   }
 
  private:
+  std::mutex run_mu_;
   std::unique_ptr<PagedKvCache> cache_;
   CpuThreadPool pool_;
   int32_t num_q_heads_;

@@ -108,6 +108,9 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   PagedKvCache& cache = backend_->cache();
   const int32_t n = static_cast<int32_t>(items.size());
   std::vector<int32_t> row_of(n, -1);  // staging row after compaction
+  // Scratch of this call: batches may run on several executor threads at once.
+  std::vector<int64_t> slots;
+  std::vector<int32_t> pages;
 
   // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
   int32_t rows = 0;
@@ -119,10 +122,10 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
     }
     status[i] = CheckStillWanted(start, items[i].deadline, items[i].cancelled);
     if (!status[i].ok()) continue;
-    status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots_);
+    status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots);
     if (!status[i].ok()) continue;
     if (rows != i) staging.MoveRow(rows, i);
-    staging.slot()[rows] = slots_[0];
+    staging.slot()[rows] = slots[0];
     row_of[i] = rows++;
   }
 
@@ -131,12 +134,12 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   int64_t table_size = 0;
   for (int32_t i = 0; i < n && rows > 0; ++i) {
     if (row_of[i] < 0) continue;
-    pages_.clear();
+    pages.clear();
     const v1::DecodeRequest& req = *items[i].request;
-    absl::Status s = cache.AppendPageTable(items[i].key, &pages_);
+    absl::Status s = cache.AppendPageTable(items[i].key, &pages);
     const int64_t needed = req.position() / page_size_ + 1;
-    if (s.ok() && static_cast<int64_t>(pages_.size()) < needed) {
-      s = absl::InternalError(absl::StrCat("page table has ", pages_.size(), " pages, position ",
+    if (s.ok() && static_cast<int64_t>(pages.size()) < needed) {
+      s = absl::InternalError(absl::StrCat("page table has ", pages.size(), " pages, position ",
                                            req.position(), " needs ", needed));
     }
     if (!s.ok()) {
@@ -152,7 +155,7 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
       break;
     }
     staging.page_table_offset()[row_of[i]] = table_size;
-    std::memcpy(staging.page_table() + table_size, pages_.data(), needed * sizeof(int32_t));
+    std::memcpy(staging.page_table() + table_size, pages.data(), needed * sizeof(int32_t));
     table_size += needed;
   }
 
@@ -174,7 +177,7 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
                     run_status.ToString());
     }
   }
-  const uint64_t batch_id = rows > 0 ? next_batch_id_++ : 0;
+  const uint64_t batch_id = rows > 0 ? next_batch_id_.fetch_add(1) : 0;
 
   // 4. Commit and fill the responses; metrics; then complete (so that a caller who
   // got its answer already sees this batch in /metrics).

@@ -1,7 +1,9 @@
 // The executor side of the batcher: the only code that touches cache metadata for
 // writes (PrepareWrite copy-on-write ordering) and the only caller of Backend::Run.
-// One unit runs at a time, on the batcher's executor thread or (while that one is
-// idle) its assembler thread; the batcher's pipe mutex orders them.
+// Units run on the batcher's executor threads or (while they are idle) its assembler
+// thread; the batcher's pipe mutex orders them. Decode batches may run side by side
+// (BatcherOptions::max_concurrent_batches; never two of one sequence); a prefill runs
+// alone.
 // For a decode batch it prepares each request's slot, gathers page tables, runs the
 // backend, commits the writes and completes the responses.
 #pragma once
@@ -64,7 +66,7 @@ class Executor {
   Metrics* metrics_;
   ModelShape model_;
   int32_t page_size_;
-  uint64_t next_batch_id_ = 1;
+  std::atomic<uint64_t> next_batch_id_{1};
   std::function<void(const absl::Status&)> on_backend_lost_;
   std::atomic<bool> backend_lost_{false};
   // Prefill staging: [kAppendChunk, Hkv, D] bf16 K and V, layer and slot per row.
@@ -74,8 +76,7 @@ class Executor {
   uint16_t* append_v_ = nullptr;
   int32_t* append_layer_ = nullptr;
   int64_t* append_slot_ = nullptr;
-  std::vector<int64_t> slots_;  // scratch
-  std::vector<int32_t> pages_;  // scratch
+  std::vector<int64_t> slots_;  // RunAppend's scratch (a prefill runs alone)
 };
 
 }  // namespace sds::server

@@ -56,6 +56,10 @@ ABSL_FLAG(int32_t, answer_threads, -1,
           "(affinity, cgroup quota), else 0 (on the H200 host at 256 streams over 4 "
           "connections the batch's thread writing alone capped the server at half the echo's "
           "rate; on 2 cores the threads compete with the batch: bench/RESULTS.md)");
+ABSL_FLAG(int32_t, concurrent_batches, 0,
+          "decode batches that may run at once, each on its own executor thread (batches of "
+          "different sequences); 0 = what the backend runs side by side (CUDA: its lanes, "
+          "SDS_CUDA_LANES, default 1; CPU: 1). 1 with --inline_idle_batches");
 ABSL_FLAG(int32_t, idle_spin_us, 0,
           "microseconds the batcher's two threads spin for new work before they sleep: a "
           "request arriving meanwhile skips a thread wake-up (lower latency at low load) "
@@ -169,6 +173,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.staging_threads = absl::GetFlag(FLAGS_staging_threads);
   opt.answer_threads = absl::GetFlag(FLAGS_answer_threads);
   opt.idle_spin_us = absl::GetFlag(FLAGS_idle_spin_us);
+  opt.concurrent_batches = absl::GetFlag(FLAGS_concurrent_batches);
   opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   opt.auth_token = absl::GetFlag(FLAGS_auth_token);
@@ -195,6 +200,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (opt.max_queue_delay_us < 0) return Bad("--max_queue_delay_us must be >= 0");
   if (opt.staging_threads < 1 || opt.staging_threads > 64)
     return Bad("--staging_threads must be in [1, 64]");
+  if (opt.concurrent_batches < 0 || opt.concurrent_batches > 8)
+    return Bad("--concurrent_batches must be in [0, 8]");
   if (opt.idle_spin_us < 0 || opt.idle_spin_us > 10000)
     return Bad("--idle_spin_us must be in [0, 10000]");
   if (opt.answer_threads < -1 || opt.answer_threads > 64)

@@ -154,8 +154,13 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
     backend_lost = true;
     kill(getpid(), SIGTERM);
   });
+  // Decode batches side by side: as many as the backend runs to advantage (CUDA lanes),
+  // or the flag's number; not with inline runs (a claimed batch runs alone).
+  const int concurrent_batches = opt.inline_idle_batches      ? 1
+                                 : opt.concurrent_batches > 0 ? opt.concurrent_batches
+                                                              : backend->max_concurrent_runs();
   std::vector<std::unique_ptr<StagingBuffer>> staging;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < std::max(2, concurrent_batches + 1); ++i) {
     auto buffer = StagingBuffer::Create(backend.get(), model, opt.backend_config.max_batch_size);
     if (!buffer.ok()) return Fail(buffer.status().ToString());
     staging.push_back(*std::move(buffer));
@@ -168,13 +173,16 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   batcher_options.run_on_submitter = opt.inline_idle_batches;
   batcher_options.staging_threads = opt.staging_threads;
   batcher_options.idle_spin = std::chrono::microseconds(opt.idle_spin_us);
+  batcher_options.max_concurrent_batches = concurrent_batches;
   Batcher batcher(batcher_options, executor->get(), std::move(staging));
   batcher.Start();
   spdlog::info(
       "batcher: max_batch_size {}, max_queue_delay {} us, eager {}, inline {}, "
-      "staging threads {}, idle spin {} us; stream answer threads {} ({} usable CPUs)",
+      "staging threads {}, idle spin {} us, concurrent batches {}; stream answer threads {} ({} "
+      "usable CPUs)",
       batcher_options.max_batch_size, opt.max_queue_delay_us, batcher_options.eager,
       batcher_options.run_on_submitter, batcher_options.staging_threads, opt.idle_spin_us,
+      concurrent_batches,
       opt.answer_threads > 0 ? absl::StrCat(opt.answer_threads) : std::string("none"),
       UsableCpus());
 

@@ -20,8 +20,9 @@ struct ServerOptions {
   bool eager_batching = false;
   bool inline_idle_batches = false;
   int32_t staging_threads = 1;
-  int32_t answer_threads = 0;  // resolved (never -1 after OptionsFromFlags); 0: no answer pool
-  int32_t idle_spin_us = 0;    // 0: the batcher threads sleep at once
+  int32_t answer_threads = 0;      // resolved (never -1 after OptionsFromFlags); 0: no answer pool
+  int32_t idle_spin_us = 0;        // 0: the batcher threads sleep at once
+  int32_t concurrent_batches = 0;  // 0: Backend::max_concurrent_runs()
   int32_t drain_timeout_s = 0;
   std::string auth_token;  // empty = no authentication
 };

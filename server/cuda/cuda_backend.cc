@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -38,8 +39,9 @@ using cudabackend::DeviceBuffer;
 using cudabackend::InputUpload;
 using cudabackend::LogIfCudaCleanupFailed;
 
-// Device memory for the cache pool; Copy/Zero are enqueued on the backend stream so
-// that they are ordered with the kernels.
+// Device memory for the cache pool. Copy and Zero run on their own stream and wait for
+// it: done before the batch that needed them (on any lane) enqueues a kernel. They are
+// rare (copy-on-write after a fork; zeroing at start-up).
 class CudaPageMemory : public PageMemory {
  public:
   explicit CudaPageMemory(cudaStream_t stream) : stream_(stream) {}
@@ -57,11 +59,18 @@ class CudaPageMemory : public PageMemory {
     if (ptr != nullptr) LogIfCudaCleanupFailed(cudaFree(ptr), "cudaFree of the KV cache pool");
   }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
-    return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
-                    "cache page copy (copy-on-write)");
+    if (absl::Status s =
+            CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                     "cache page copy (copy-on-write)");
+        !s.ok())
+      return s;
+    return CudaCall(cudaStreamSynchronize(stream_), "cache page copy (copy-on-write)");
   }
   absl::Status Zero(void* dst, size_t bytes) override {
-    return CudaCall(cudaMemsetAsync(dst, 0, bytes, stream_), "cache page zero");
+    if (absl::Status s = CudaCall(cudaMemsetAsync(dst, 0, bytes, stream_), "cache page zero");
+        !s.ok())
+      return s;
+    return CudaCall(cudaStreamSynchronize(stream_), "cache page zero");
   }
   bool host_accessible() const override { return false; }
 
@@ -172,78 +181,89 @@ bool IsStickyCudaError(cudaError_t error) {
 }
 
 class CudaBackend : public Backend {
+ private:
+  // A batch's stream, events and buffers: concurrent Runs use different lanes, so their
+  // copies and kernels overlap on the device (the batcher gives concurrent batches
+  // disjoint sequences; the cache's page copies are synchronous on cache_stream_).
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    cudaEvent_t uploaded = nullptr, appended = nullptr;  // options_.log_phases only
+    cuda::DecodeWorkspace workspace;
+    // partial: split-K floats; counters: [B_max * Hkv].
+    DeviceBuffer partial, counters;
+    // q, gate, out: [B_max, Hq, D] bf16; lse: [B_max, Hq] float.
+    DeviceBuffer q, gate, out, lse;
+    // Append inputs: k_new, v_new: [N, Hkv, D] bf16; a_layer: [N]; a_slot: [N] int64.
+    DeviceBuffer k_new, v_new, a_layer, a_slot;
+    // Decode metadata: [B] each; d_index: flat indices; d_pages: flat page tables.
+    DeviceBuffer d_layer, d_pto, d_io, d_topk, d_perkv, d_index, d_pages;
+    // Inputs of at most 16 KB go in one packed copy; larger ones into their buffers
+    // above, or are read in place from the staging.
+    InputUpload upload;
+    CudaBatchPath path;  // of the last Enqueue on this lane
+
+    std::vector<DeviceBuffer*> Buffers() {
+      return {&partial, &counters, &q,     &gate, &out,    &lse,     &k_new,   &v_new,  &a_layer,
+              &a_slot,  &d_layer,  &d_pto, &d_io, &d_topk, &d_perkv, &d_index, &d_pages};
+    }
+  };
+
  public:
   CudaBackend(const BackendConfig& config, const CudaBackendOptions& options)
       : config_(config), options_(options) {}
   ~CudaBackend() override {
-    if (stream_ != nullptr)
-      LogIfCudaCleanupFailed(cudaStreamSynchronize(stream_), "final stream synchronisation");
+    for (const std::unique_ptr<Lane>& lane : lanes_)
+      if (lane->stream != nullptr)
+        LogIfCudaCleanupFailed(cudaStreamSynchronize(lane->stream), "final stream synchronisation");
     cache_.reset();  // frees the pool through CudaPageMemory
-    for (DeviceBuffer* b : AllBuffers()) b->Release();
-    for (cudaEvent_t e : {start_, stop_, uploaded_, appended_})
-      if (e != nullptr) LogIfCudaCleanupFailed(cudaEventDestroy(e), "cudaEventDestroy");
-    if (stream_ != nullptr) LogIfCudaCleanupFailed(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+    layer_k_.Release();
+    layer_v_.Release();
+    for (const std::unique_ptr<Lane>& lane : lanes_) {
+      for (DeviceBuffer* b : lane->Buffers()) b->Release();
+      for (cudaEvent_t e : {lane->start, lane->stop, lane->uploaded, lane->appended})
+        if (e != nullptr) LogIfCudaCleanupFailed(cudaEventDestroy(e), "cudaEventDestroy");
+      if (lane->stream != nullptr)
+        LogIfCudaCleanupFailed(cudaStreamDestroy(lane->stream), "cudaStreamDestroy");
+    }
+    if (cache_stream_ != nullptr)
+      LogIfCudaCleanupFailed(cudaStreamDestroy(cache_stream_), "cudaStreamDestroy");
   }
 
   absl::Status Init() {
-    if (absl::Status s = CudaCall(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+    if (absl::Status s = CudaCall(cudaStreamCreateWithFlags(&cache_stream_, cudaStreamNonBlocking),
                                   "cudaStreamCreate");
         !s.ok())
       return s;
-    if (absl::Status s = CudaCall(cudaEventCreate(&start_), "cudaEventCreate"); !s.ok()) return s;
-    if (absl::Status s = CudaCall(cudaEventCreate(&stop_), "cudaEventCreate"); !s.ok()) return s;
-    if (options_.log_phases) {
-      for (cudaEvent_t* e : {&uploaded_, &appended_})
-        if (absl::Status s = CudaCall(cudaEventCreate(e), "cudaEventCreate"); !s.ok()) return s;
-    }
     absl::StatusOr<std::unique_ptr<PagedKvCache>> cache =
-        PagedKvCache::Create(config_.cache, std::make_unique<CudaPageMemory>(stream_));
+        PagedKvCache::Create(config_.cache, std::make_unique<CudaPageMemory>(cache_stream_));
     if (!cache.ok()) return cache.status();
     cache_ = *std::move(cache);
     // Per-layer scales: the cache keeps host copies; the kernels need device ones.
     const CacheView view = cache_->view();
     const int32_t layers = config_.cache.num_layers;
     if (view.layer_k_scale != nullptr && view.layer_v_scale != nullptr) {
-      if (absl::Status s = CopyIn(layer_k_, view.layer_k_scale, layers, "layer k scales", stream_);
+      if (absl::Status s =
+              CopyIn(layer_k_, view.layer_k_scale, layers, "layer k scales", cache_stream_);
           !s.ok())
         return s;
-      if (absl::Status s = CopyIn(layer_v_, view.layer_v_scale, layers, "layer v scales", stream_);
+      if (absl::Status s =
+              CopyIn(layer_v_, view.layer_v_scale, layers, "layer v scales", cache_stream_);
           !s.ok())
         return s;
     }
     if (config_.max_topk > cuda::DecodeMaxTopK())
       return absl::InvalidArgumentError(absl::StrCat("CUDA backend: max_topk ", config_.max_topk,
                                                      " exceeds ", cuda::DecodeMaxTopK()));
-    // Split-K workspace for the largest batch.
-    const int32_t hkv = config_.cache.num_kv_heads;
-    workspace_.capacity_floats = cuda::DecodeWorkspaceFloats(
-        config_.max_batch_size, config_.num_q_heads, config_.cache.head_dim, config_.max_topk);
-    workspace_.capacity_counters = cuda::DecodeWorkspaceCounters(config_.max_batch_size, hkv);
-    if (absl::Status s = partial_.Reserve(sizeof(float) * (workspace_.capacity_floats + 4),
-                                          "decode split-K workspace");
-        !s.ok())
-      return s;
-    if (absl::Status s = counters_.Reserve(sizeof(int32_t) * (workspace_.capacity_counters + 1),
-                                           "decode split-K counters");
-        !s.ok())
-      return s;
-    workspace_.partial = partial_.as<float>();
-    workspace_.counters = counters_.as<int32_t>();
-    if (absl::Status s =
-            CudaCall(cudaMemsetAsync(counters_.get(), 0, counters_.capacity(), stream_),
-                     "zeroing split-K counters");
-        !s.ok())
-      return s;
-    if (absl::Status s = upload_.Init(); !s.ok()) return s;
-    // Fixed-size decode buffers sized by the config.
-    const size_t rows = static_cast<size_t>(config_.max_batch_size) * config_.num_q_heads;
-    const size_t elems = rows * config_.cache.head_dim;
-    for (auto [buf, bytes, what] :
-         {std::tuple{&q_, elems * 2, "q"}, std::tuple{&gate_, elems * 2, "gate"},
-          std::tuple{&out_, elems * 2, "out"}, std::tuple{&lse_, rows * 4, "lse"}}) {
-      if (absl::Status s = buf->Reserve(bytes, what); !s.ok()) return s;
+    if (options_.lanes < 1 || options_.lanes > 8)
+      return absl::InvalidArgumentError(
+          absl::StrCat("CUDA backend: lanes must be in [1, 8], got ", options_.lanes));
+    for (int i = 0; i < options_.lanes; ++i) {
+      lanes_.push_back(std::make_unique<Lane>());
+      if (absl::Status s = InitLane(*lanes_.back()); !s.ok()) return s;
+      free_lanes_.push_back(lanes_.back().get());
     }
-    return CudaCall(cudaStreamSynchronize(stream_), "CUDA backend initialisation");
+    return CudaCall(cudaStreamSynchronize(cache_stream_), "CUDA backend initialisation");
   }
 
   std::string name() const override { return "cuda"; }
@@ -251,13 +271,83 @@ class CudaBackend : public Backend {
 
   void* AllocateStaging(size_t bytes) override { return staging_.Allocate(bytes); }
   void FreeStaging(void* ptr) override { staging_.Free(ptr); }
-  const CudaBatchPath& last_path() const { return path_; }
+  CudaBatchPath last_path() const {
+    std::lock_guard<std::mutex> lock(lanes_mu_);
+    return last_path_;
+  }
+  int max_concurrent_runs() const override { return static_cast<int>(lanes_.size()); }
 
+  // Runs on a free lane (waiting for one when every lane is busy).
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
-    absl::Status status = Enqueue(work);
+    Lane* lane;
+    {
+      std::unique_lock<std::mutex> lock(lanes_mu_);
+      lane_cv_.wait(lock, [&] { return !free_lanes_.empty(); });
+      lane = free_lanes_.back();
+      free_lanes_.pop_back();
+    }
+    absl::Status status = RunOnLane(*lane, work, timing);
+    {
+      std::lock_guard<std::mutex> lock(lanes_mu_);
+      last_path_ = lane->path;
+      free_lanes_.push_back(lane);
+    }
+    lane_cv_.notify_one();
+    return status;
+  }
+
+ private:
+  // One lane's stream, events, split-K workspace, input pack and fixed-size buffers.
+  absl::Status InitLane(Lane& lane) {
+    if (absl::Status s = CudaCall(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking),
+                                  "cudaStreamCreate");
+        !s.ok())
+      return s;
+    if (absl::Status s = CudaCall(cudaEventCreate(&lane.start), "cudaEventCreate"); !s.ok())
+      return s;
+    if (absl::Status s = CudaCall(cudaEventCreate(&lane.stop), "cudaEventCreate"); !s.ok())
+      return s;
+    if (options_.log_phases) {
+      for (cudaEvent_t* e : {&lane.uploaded, &lane.appended})
+        if (absl::Status s = CudaCall(cudaEventCreate(e), "cudaEventCreate"); !s.ok()) return s;
+    }
+    // Split-K workspace for the largest batch.
+    const int32_t hkv = config_.cache.num_kv_heads;
+    lane.workspace.capacity_floats = cuda::DecodeWorkspaceFloats(
+        config_.max_batch_size, config_.num_q_heads, config_.cache.head_dim, config_.max_topk);
+    lane.workspace.capacity_counters = cuda::DecodeWorkspaceCounters(config_.max_batch_size, hkv);
+    if (absl::Status s = lane.partial.Reserve(sizeof(float) * (lane.workspace.capacity_floats + 4),
+                                              "decode split-K workspace");
+        !s.ok())
+      return s;
+    if (absl::Status s = lane.counters.Reserve(
+            sizeof(int32_t) * (lane.workspace.capacity_counters + 1), "decode split-K counters");
+        !s.ok())
+      return s;
+    lane.workspace.partial = lane.partial.as<float>();
+    lane.workspace.counters = lane.counters.as<int32_t>();
+    if (absl::Status s =
+            CudaCall(cudaMemsetAsync(lane.counters.get(), 0, lane.counters.capacity(), lane.stream),
+                     "zeroing split-K counters");
+        !s.ok())
+      return s;
+    if (absl::Status s = lane.upload.Init(); !s.ok()) return s;
+    // Fixed-size decode buffers sized by the config.
+    const size_t rows = static_cast<size_t>(config_.max_batch_size) * config_.num_q_heads;
+    const size_t elems = rows * config_.cache.head_dim;
+    for (auto [buf, bytes, what] :
+         {std::tuple{&lane.q, elems * 2, "q"}, std::tuple{&lane.gate, elems * 2, "gate"},
+          std::tuple{&lane.out, elems * 2, "out"}, std::tuple{&lane.lse, rows * 4, "lse"}}) {
+      if (absl::Status s = buf->Reserve(bytes, what); !s.ok()) return s;
+    }
+    return CudaCall(cudaStreamSynchronize(lane.stream), "CUDA backend lane initialisation");
+  }
+
+  absl::Status RunOnLane(Lane& lane, const BatchWork& work, BatchTiming* timing) {
+    absl::Status status = Enqueue(lane, work);
     // Always drain the stream so that no copy or kernel still reads staging memory on
     // return.
-    const cudaError_t sync_error = cudaStreamSynchronize(stream_);
+    const cudaError_t sync_error = cudaStreamSynchronize(lane.stream);
     absl::Status sync = CudaCall(sync_error, "CUDA batch");
     if (status.ok()) status = sync;
     if (!status.ok()) {
@@ -271,20 +361,14 @@ class CudaBackend : public Backend {
     }
     if (timing != nullptr) {
       float ms = 0.0f;
-      if (absl::Status s = CudaCall(cudaEventElapsedTime(&ms, start_, stop_), "batch timing");
+      if (absl::Status s =
+              CudaCall(cudaEventElapsedTime(&ms, lane.start, lane.stop), "batch timing");
           !s.ok())
         return s;
       timing->compute_us = std::llround(ms * 1000.0);
     }
-    if (options_.log_phases) LogPhases(work);
+    if (options_.log_phases) LogPhases(lane, work);
     return absl::OkStatus();
-  }
-
- private:
-  std::vector<DeviceBuffer*> AllBuffers() {
-    return {&layer_k_, &layer_v_, &partial_, &counters_, &q_,      &gate_,    &out_,
-            &lse_,     &k_new_,   &v_new_,   &a_layer_,  &a_slot_, &d_layer_, &d_pto_,
-            &d_io_,    &d_topk_,  &d_perkv_, &d_index_,  &d_pages_};
   }
 
   // Marks the last two inputs (a pair of equal size: q and gate, or new K and V) of a
@@ -308,11 +392,11 @@ class CudaBackend : public Backend {
   }
 
   // options_.log_phases: the last batch's device time between its events.
-  void LogPhases(const BatchWork& work) const {
+  void LogPhases(const Lane& lane, const BatchWork& work) const {
     float upload = 0, append = 0, rest = 0;
-    if (cudaEventElapsedTime(&upload, start_, uploaded_) != cudaSuccess ||
-        cudaEventElapsedTime(&append, uploaded_, appended_) != cudaSuccess ||
-        cudaEventElapsedTime(&rest, appended_, stop_) != cudaSuccess) {
+    if (cudaEventElapsedTime(&upload, lane.start, lane.uploaded) != cudaSuccess ||
+        cudaEventElapsedTime(&append, lane.uploaded, lane.appended) != cudaSuccess ||
+        cudaEventElapsedTime(&rest, lane.appended, lane.stop) != cudaSuccess) {
       cudaGetLastError();
       spdlog::warn("CUDA batch phases: event times unavailable");
       return;
@@ -332,36 +416,38 @@ class CudaBackend : public Backend {
 
   // Input copies, kernels and output copies of one batch (none for a small batch's
   // outputs in mapped staging), bracketed by the events.
-  absl::Status Enqueue(const BatchWork& work) {
+  absl::Status Enqueue(Lane& lane, const BatchWork& work) {
     const CacheView view = DeviceView();
     const CacheGeometry& geo = view.geo;
     const AppendBatch& a = work.append;
     const DecodeBatch& d = work.decode;
     // Inputs in upload order: append k, v, layers, slots; then the decode inputs.
     std::vector<InputUpload::Input> inputs;
-    path_ = CudaBatchPath{};
+    lane.path = CudaBatchPath{};
     if (a.num_tokens > 0) {
       const size_t n = a.num_tokens;
       const size_t row = static_cast<size_t>(geo.num_kv_heads) * geo.head_dim;
-      inputs.push_back(Input(&k_new_, a.k_new, n * row, "appended k"));
-      inputs.push_back(Input(&v_new_, a.v_new, n * row, "appended v"));
+      inputs.push_back(Input(&lane.k_new, a.k_new, n * row, "appended k"));
+      inputs.push_back(Input(&lane.v_new, a.v_new, n * row, "appended v"));
       // Only a decode batch's own new tokens: a prefill (append only, up to thousands of
       // tokens) keeps its copy (not measured in place).
-      if (d.num_requests > 0) path_.in_place_new_kv = InPlace(a.num_tokens, &inputs);
-      inputs.push_back(Input(&a_layer_, a.layer, n, "append layers"));
-      inputs.push_back(Input(&a_slot_, a.slot, n, "append slots"));
+      if (d.num_requests > 0) lane.path.in_place_new_kv = InPlace(a.num_tokens, &inputs);
+      inputs.push_back(Input(&lane.a_layer, a.layer, n, "append layers"));
+      inputs.push_back(Input(&lane.a_slot, a.slot, n, "append slots"));
     }
     int32_t max_topk = 0;
     if (d.num_requests > 0) {
-      if (absl::Status s = AddDecodeInputs(geo, d, &inputs, &max_topk); !s.ok()) return s;
+      if (absl::Status s = AddDecodeInputs(lane, geo, d, &inputs, &max_topk); !s.ok()) return s;
     }
     std::vector<void*> dev;
-    if (absl::Status s = upload_.Stage(inputs, &dev); !s.ok()) return s;
-    if (absl::Status s = CudaCall(cudaEventRecord(start_, stream_), "event record"); !s.ok())
+    if (absl::Status s = lane.upload.Stage(inputs, &dev); !s.ok()) return s;
+    if (absl::Status s = CudaCall(cudaEventRecord(lane.start, lane.stream), "event record");
+        !s.ok())
       return s;
-    if (absl::Status s = upload_.Send(stream_); !s.ok()) return s;
+    if (absl::Status s = lane.upload.Send(lane.stream); !s.ok()) return s;
     if (options_.log_phases) {
-      if (absl::Status s = CudaCall(cudaEventRecord(uploaded_, stream_), "event record"); !s.ok())
+      if (absl::Status s = CudaCall(cudaEventRecord(lane.uploaded, lane.stream), "event record");
+          !s.ok())
         return s;
     }
     size_t next = 0;
@@ -370,23 +456,25 @@ class CudaBackend : public Backend {
           a.num_tokens, static_cast<const uint16_t*>(dev[0]), static_cast<const uint16_t*>(dev[1]),
           static_cast<const int32_t*>(dev[2]), static_cast<const int64_t*>(dev[3])};
       next = 4;
-      if (absl::Status s = cuda::LaunchAppend(view, append, stream_); !s.ok()) return s;
+      if (absl::Status s = cuda::LaunchAppend(view, append, lane.stream); !s.ok()) return s;
     }
     if (options_.log_phases) {
-      if (absl::Status s = CudaCall(cudaEventRecord(appended_, stream_), "event record"); !s.ok())
+      if (absl::Status s = CudaCall(cudaEventRecord(lane.appended, lane.stream), "event record");
+          !s.ok())
         return s;
     }
     if (d.num_requests > 0) {
-      if (absl::Status s = EnqueueDecode(view, d, max_topk, &dev[next], a.num_tokens > 0); !s.ok())
+      if (absl::Status s = EnqueueDecode(lane, view, d, max_topk, &dev[next], a.num_tokens > 0);
+          !s.ok())
         return s;
     }
-    return CudaCall(cudaEventRecord(stop_, stream_), "event record");
+    return CudaCall(cudaEventRecord(lane.stop, lane.stream), "event record");
   }
 
   // Checks a decode batch against the configuration and appends its inputs: q, gate,
   // layers, page table offsets, index offsets, top-K sizes, index forms, indices, page
   // tables (the last two sized from the host copies).
-  absl::Status AddDecodeInputs(const CacheGeometry& geo, const DecodeBatch& d,
+  absl::Status AddDecodeInputs(Lane& lane, const CacheGeometry& geo, const DecodeBatch& d,
                                std::vector<InputUpload::Input>* inputs, int32_t* max_topk_out) {
     const int32_t b = d.num_requests;
     if (b > config_.max_batch_size)
@@ -416,17 +504,17 @@ class CudaBackend : public Backend {
           absl::StrCat("CUDA backend: top-K ", max_topk, " exceeds max_topk ", config_.max_topk));
     const size_t elems = static_cast<size_t>(b) * d.num_q_heads * geo.head_dim;
     const size_t rows = b;
-    inputs->push_back(Input(&q_, d.q, elems, "q"));
-    inputs->push_back(Input(&gate_, d.gate, elems, "gate"));
-    path_.in_place_q = InPlace(b, inputs);
-    inputs->push_back(Input(&d_layer_, d.layer, rows, "layers"));
-    inputs->push_back(Input(&d_pto_, d.page_table_offset, rows, "page table offsets"));
-    inputs->push_back(Input(&d_io_, d.index_offset, rows, "index offsets"));
-    inputs->push_back(Input(&d_topk_, d.topk, rows, "top-K sizes"));
-    inputs->push_back(Input(&d_perkv_, d.indices_per_kv_head, rows, "index forms"));
-    inputs->push_back(Input(&d_index_, d.indices, static_cast<size_t>(index_total), "indices"));
+    inputs->push_back(Input(&lane.q, d.q, elems, "q"));
+    inputs->push_back(Input(&lane.gate, d.gate, elems, "gate"));
+    lane.path.in_place_q = InPlace(b, inputs);
+    inputs->push_back(Input(&lane.d_layer, d.layer, rows, "layers"));
+    inputs->push_back(Input(&lane.d_pto, d.page_table_offset, rows, "page table offsets"));
+    inputs->push_back(Input(&lane.d_io, d.index_offset, rows, "index offsets"));
+    inputs->push_back(Input(&lane.d_topk, d.topk, rows, "top-K sizes"));
+    inputs->push_back(Input(&lane.d_perkv, d.indices_per_kv_head, rows, "index forms"));
+    inputs->push_back(Input(&lane.d_index, d.indices, static_cast<size_t>(index_total), "indices"));
     inputs->push_back(
-        Input(&d_pages_, d.page_table, static_cast<size_t>(pages_total), "page tables"));
+        Input(&lane.d_pages, d.page_table, static_cast<size_t>(pages_total), "page tables"));
     *max_topk_out = max_topk;
     return absl::OkStatus();
   }
@@ -437,8 +525,8 @@ class CudaBackend : public Backend {
   // (cuda_backend.h). after_append: the append kernel was the last work enqueued, so the
   // decode may overlap it (programmatic dependent launch: its prologue runs during the
   // append, its cache reads wait for it).
-  absl::Status EnqueueDecode(const CacheView& view, const DecodeBatch& d, int32_t max_topk,
-                             void* const* dev, bool after_append) {
+  absl::Status EnqueueDecode(Lane& lane, const CacheView& view, const DecodeBatch& d,
+                             int32_t max_topk, void* const* dev, bool after_append) {
     const int32_t b = d.num_requests;
     DecodeBatch batch;
     batch.num_requests = b;
@@ -458,52 +546,47 @@ class CudaBackend : public Backend {
     const bool small = b <= options_.direct_out_max_requests;
     void* direct_out = small ? staging_.DeviceAddress(d.out, elems * 2) : nullptr;
     void* direct_lse = small ? staging_.DeviceAddress(d.lse, sizeof(float) * rows) : nullptr;
-    path_.direct_out = direct_out != nullptr;
-    path_.direct_lse = direct_lse != nullptr;
-    batch.out = direct_out != nullptr ? static_cast<uint16_t*>(direct_out) : out_.as<uint16_t>();
+    lane.path.direct_out = direct_out != nullptr;
+    lane.path.direct_lse = direct_lse != nullptr;
+    batch.out =
+        direct_out != nullptr ? static_cast<uint16_t*>(direct_out) : lane.out.as<uint16_t>();
     batch.lse = d.lse == nullptr        ? nullptr
                 : direct_lse != nullptr ? static_cast<float*>(direct_lse)
-                                        : lse_.as<float>();
+                                        : lane.lse.as<float>();
     // d's [B] arrays are the host copies of what was uploaded: small batches carry them in
     // the kernel's parameters.
-    if (absl::Status s = cuda::LaunchDecode(view, batch, max_topk, workspace_, stream_,
+    if (absl::Status s = cuda::LaunchDecode(view, batch, max_topk, lane.workspace, lane.stream,
                                             cuda::DecodeKernel::kDefault, &d, after_append);
         !s.ok())
       return s;
     if (direct_out == nullptr) {
-      if (absl::Status s = CudaCall(
-              cudaMemcpyAsync(d.out, out_.get(), elems * 2, cudaMemcpyDeviceToHost, stream_),
-              "copy of the outputs to the host");
+      if (absl::Status s = CudaCall(cudaMemcpyAsync(d.out, lane.out.get(), elems * 2,
+                                                    cudaMemcpyDeviceToHost, lane.stream),
+                                    "copy of the outputs to the host");
           !s.ok())
         return s;
     }
     if (d.lse != nullptr && direct_lse == nullptr)
-      return CudaCall(
-          cudaMemcpyAsync(d.lse, lse_.get(), sizeof(float) * rows, cudaMemcpyDeviceToHost, stream_),
-          "copy of lse to the host");
+      return CudaCall(cudaMemcpyAsync(d.lse, lane.lse.get(), sizeof(float) * rows,
+                                      cudaMemcpyDeviceToHost, lane.stream),
+                      "copy of lse to the host");
     return absl::OkStatus();
   }
 
   BackendConfig config_;
   CudaBackendOptions options_;
   MappedStaging staging_;
-  CudaBatchPath path_;  // of the last Enqueue
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  cudaEvent_t uploaded_ = nullptr, appended_ = nullptr;  // options_.log_phases only
+  // The cache's page copies and zeroing (synchronous: ordered before any lane's next
+  // kernels) and the layer scales' upload.
+  cudaStream_t cache_stream_ = nullptr;
   std::unique_ptr<PagedKvCache> cache_;
-  cuda::DecodeWorkspace workspace_;
-  // layer_k_, layer_v_: [L] float; partial_: split-K floats; counters_: [B_max * Hkv].
-  DeviceBuffer layer_k_, layer_v_, partial_, counters_;
-  // q_, gate_, out_: [B_max, Hq, D] bf16; lse_: [B_max, Hq] float.
-  DeviceBuffer q_, gate_, out_, lse_;
-  // Append inputs: k_new_, v_new_: [N, Hkv, D] bf16; a_layer_: [N]; a_slot_: [N] int64.
-  DeviceBuffer k_new_, v_new_, a_layer_, a_slot_;
-  // Decode metadata: [B] each; d_index_: flat indices; d_pages_: flat page tables.
-  DeviceBuffer d_layer_, d_pto_, d_io_, d_topk_, d_perkv_, d_index_, d_pages_;
-  // Inputs of at most 16 KB go in one packed copy; larger ones into their buffers above,
-  // or are read in place from the staging.
-  InputUpload upload_;
+  // layer_k_, layer_v_: [L] float.
+  DeviceBuffer layer_k_, layer_v_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  mutable std::mutex lanes_mu_;
+  std::condition_variable lane_cv_;
+  std::vector<Lane*> free_lanes_;  // guarded by lanes_mu_
+  CudaBatchPath last_path_;        // of the last Run to finish; guarded by lanes_mu_
 };
 
 }  // namespace
@@ -547,6 +630,8 @@ CudaBackendOptions CudaBackendOptionsFromEnv() {
     options.log_phases = std::atoi(v) != 0;
   if (const char* v = std::getenv("SDS_CUDA_IN_PLACE_INPUTS_MAX_REQUESTS"); v != nullptr && *v != 0)
     options.in_place_inputs_max_requests = std::atoi(v);
+  if (const char* v = std::getenv("SDS_CUDA_LANES"); v != nullptr && *v != 0)
+    options.lanes = std::atoi(v);
   return options;
 }
 

@@ -52,11 +52,19 @@ struct CudaBackendOptions {
   // the default: any size, 256 being the largest measured, where it still won by 16 %).
   // Inputs outside memory from AllocateStaging are always uploaded.
   int32_t in_place_inputs_max_requests = std::numeric_limits<int32_t>::max();
+  // Lanes (1-8): each its own stream, events, input pack, split-K workspace and batch
+  // buffers, so that as many Runs (batches of disjoint sequences, from as many threads)
+  // overlap on the device; Backend::max_concurrent_runs() reports it, and the server runs
+  // that many decode batches at once (--concurrent_batches). Each lane holds ~3 x
+  // max_batch_size x Hq x D x 2 bytes of batch buffers plus its workspace. 1 by default:
+  // two lanes give the one-lane bits on the H200 (backend_direct_test.cc), but their
+  // end-to-end effect is not measured yet (bench/RESULTS.md, session 16).
+  int32_t lanes = 1;
 };
 
 // The defaults above, overridden by the environment (diagnostics):
 // SDS_CUDA_DIRECT_OUT_MAX_REQUESTS=N (0 turns direct outputs off), SDS_CUDA_LOG_PHASES=1,
-// SDS_CUDA_IN_PLACE_INPUTS_MAX_REQUESTS=N (0 uploads every input).
+// SDS_CUDA_IN_PLACE_INPUTS_MAX_REQUESTS=N (0 uploads every input), SDS_CUDA_LANES=N.
 CudaBackendOptions CudaBackendOptionsFromEnv();
 
 // CreateCudaBackend(config) is this with CudaBackendOptionsFromEnv().

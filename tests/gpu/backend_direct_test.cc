@@ -11,7 +11,8 @@
 // and per-KV-head index lists, -1 entries and top-K 1..1000, and reads the token its
 // append just wrote; its arrays are carved out of one staging block like the server's.
 // LastCudaBatchPath proves which path each Run took, so a direct or in-place path that
-// silently fell back to the copy would fail here.
+// silently fell back to the copy would fail here. A two-lane backend running two batches
+// at once from two threads must give the one-lane backend's bits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/backend.h"
@@ -139,6 +141,108 @@ Outputs RunOn(Backend& backend, const HostWork& w) {
   return o;
 }
 
+// Sequences seq<first>..seq<first + n - 1> of 64 + 37 * s tokens in both layers, the
+// same in every backend of a test (the same cache calls in the same order give the same
+// page ids, so one set of slots and page tables serves all of them).
+struct Sequences {
+  std::vector<int64_t> length;              // [kMaxBatch]
+  std::vector<std::vector<int64_t>> slots;  // [kMaxBatch][length]
+  std::vector<std::vector<int32_t>> pages;  // [kMaxBatch] page tables
+};
+
+// Creates kMaxBatch sequences in every backend and prefills them through Run (append
+// only), the same random K/V everywhere.
+void PrepareSequences(const std::vector<std::unique_ptr<Backend>>& backends, std::mt19937& rng,
+                      Sequences* seqs) {
+  seqs->length.assign(kMaxBatch, 0);
+  seqs->slots.assign(kMaxBatch, {});
+  seqs->pages.assign(kMaxBatch, {});
+  for (int s = 0; s < kMaxBatch; ++s) {
+    seqs->length[s] = 64 + 37 * s;
+    const std::string id = "seq" + std::to_string(s);
+    for (size_t i = 0; i < backends.size(); ++i) {
+      PagedKvCache& cache = backends[i]->cache();
+      ASSERT_TRUE(cache.CreateSequence(id, 0).ok());
+      std::vector<int64_t> got;
+      for (int layer = 0; layer < kLayers; ++layer) {
+        ASSERT_TRUE(cache.PrepareWrite(id, layer, 0, seqs->length[s], &got).ok());
+        ASSERT_TRUE(cache.CommitWrite(id, layer, 0, seqs->length[s]).ok());
+      }
+      std::vector<int32_t> table;
+      ASSERT_TRUE(cache.AppendPageTable(id, &table).ok());
+      if (i == 0) seqs->slots[s] = got, seqs->pages[s] = table;
+      ASSERT_EQ(got, seqs->slots[s]);
+      ASSERT_EQ(table, seqs->pages[s]);
+    }
+  }
+  for (int s = 0; s < kMaxBatch; ++s) {
+    for (int layer = 0; layer < kLayers; ++layer) {
+      HostWork w;
+      const size_t elems = static_cast<size_t>(seqs->length[s]) * kHkv * kD;
+      w.k_new.resize(elems);
+      w.v_new.resize(elems);
+      for (size_t e = 0; e < elems; ++e)
+        w.k_new[e] = RandomBf16(rng, 1.0f), w.v_new[e] = RandomBf16(rng, 1.0f);
+      w.a_layer.assign(seqs->length[s], layer);
+      w.slot = seqs->slots[s];
+      for (const auto& backend : backends) RunOn(*backend, w);
+    }
+  }
+}
+
+// A decode batch of `b` requests, one per sequence from `first` on: each rewrites its
+// sequence's last token (new data) and attends to it, in shared and per-KV-head index
+// lists with -1 entries and top-K 1..1000.
+HostWork DecodeWork(const Sequences& seqs, int first, int b, bool with_lse, std::mt19937& rng) {
+  constexpr int kTopKs[] = {1, 100, 512, 513, 1000};
+  HostWork w;
+  w.num_requests = b;
+  w.with_lse = with_lse;
+  const size_t kv = static_cast<size_t>(b) * kHkv * kD, qe = static_cast<size_t>(b) * kHq * kD;
+  w.k_new.resize(kv);
+  w.v_new.resize(kv);
+  for (size_t e = 0; e < kv; ++e)
+    w.k_new[e] = RandomBf16(rng, 1.0f), w.v_new[e] = RandomBf16(rng, 1.0f);
+  w.q.resize(qe);
+  w.gate.resize(qe);
+  for (size_t e = 0; e < qe; ++e) w.q[e] = RandomBf16(rng, 1.0f), w.gate[e] = RandomBf16(rng, 2.0f);
+  for (int r = 0; r < b; ++r) {
+    const int seq = first + r;
+    const int layer = (r + b) % kLayers;
+    const int64_t last = seqs.length[seq] - 1;
+    w.a_layer.push_back(layer);
+    w.slot.push_back(seqs.slots[seq][last]);
+    w.layer.push_back(layer);
+    w.page_table_offset.push_back(static_cast<int64_t>(w.page_table.size()));
+    w.page_table.insert(w.page_table.end(), seqs.pages[seq].begin(), seqs.pages[seq].end());
+    w.index_offset.push_back(static_cast<int64_t>(w.indices.size()));
+    const int k = kTopKs[(r + b) % 5];
+    const bool per_head = r % 3 == 1;
+    w.topk.push_back(k);
+    w.per_kv_head.push_back(per_head ? 1 : 0);
+    std::uniform_int_distribution<int64_t> pos(0, last);
+    for (int i = 0; i < k * (per_head ? kHkv : 1); ++i)
+      w.indices.push_back(i % k == 0    ? static_cast<int32_t>(last)
+                          : i % 10 == 3 ? -1
+                                        : static_cast<int32_t>(pos(rng)));
+  }
+  return w;
+}
+
+// Bitwise equality of two runs' outputs (out of every request and head, lse as float bits).
+void ExpectSameBits(const Outputs& got, const Outputs& want) {
+  ASSERT_EQ(got.out.size(), want.out.size());
+  for (size_t e = 0; e < want.out.size(); ++e)
+    ASSERT_EQ(got.out[e], want.out[e]) << "out element " << e;
+  ASSERT_EQ(got.lse.size(), want.lse.size());
+  for (size_t e = 0; e < want.lse.size(); ++e) {
+    uint32_t x, y;
+    std::memcpy(&x, &got.lse[e], 4);
+    std::memcpy(&y, &want.lse[e], 4);
+    ASSERT_EQ(x, y) << "lse element " << e;
+  }
+}
+
 class CudaBackendDirect : public ::testing::TestWithParam<ScaleMode> {};
 
 TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
@@ -153,44 +257,11 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
     ASSERT_TRUE(created.ok()) << created.status();
     backends.push_back(*std::move(created));
   }
-  // Each backend's cache gets the same sequences (the same page ids: same calls in the
-  // same order), so one set of slots and page tables serves all of them.
-  std::vector<int64_t> length(kMaxBatch);
-  std::vector<std::vector<int64_t>> slots(kMaxBatch);
-  std::vector<std::vector<int32_t>> pages(kMaxBatch);
-  for (int s = 0; s < kMaxBatch; ++s) {
-    length[s] = 64 + 37 * s;
-    const std::string id = "seq" + std::to_string(s);
-    for (size_t i = 0; i < backends.size(); ++i) {
-      PagedKvCache& cache = backends[i]->cache();
-      ASSERT_TRUE(cache.CreateSequence(id, 0).ok());
-      std::vector<int64_t> got;
-      for (int layer = 0; layer < kLayers; ++layer) {
-        ASSERT_TRUE(cache.PrepareWrite(id, layer, 0, length[s], &got).ok());
-        ASSERT_TRUE(cache.CommitWrite(id, layer, 0, length[s]).ok());
-      }
-      std::vector<int32_t> table;
-      ASSERT_TRUE(cache.AppendPageTable(id, &table).ok());
-      if (i == 0) slots[s] = got, pages[s] = table;
-      ASSERT_EQ(got, slots[s]);
-      ASSERT_EQ(table, pages[s]);
-    }
-  }
   std::mt19937 rng(11);
-  // Prefill through Run (append only).
-  for (int s = 0; s < kMaxBatch; ++s) {
-    for (int layer = 0; layer < kLayers; ++layer) {
-      HostWork w;
-      const size_t elems = static_cast<size_t>(length[s]) * kHkv * kD;
-      w.k_new.resize(elems);
-      w.v_new.resize(elems);
-      for (size_t e = 0; e < elems; ++e)
-        w.k_new[e] = RandomBf16(rng, 1.0f), w.v_new[e] = RandomBf16(rng, 1.0f);
-      w.a_layer.assign(length[s], layer);
-      w.slot = slots[s];
-      for (auto& backend : backends) RunOn(*backend, w);
-    }
-  }
+  Sequences seqs;
+  PrepareSequences(backends, rng, &seqs);
+  if (HasFatalFailure()) return;
+  const std::vector<std::vector<int64_t>>& slots = seqs.slots;
   // A prefill (append only) copies its new K/V even where a decode batch's would be read
   // in place: 12 tokens (24 KB of K, within the 16-request threshold) rewrite the end of
   // sequence 0, layer 1, with fresh data.
@@ -206,43 +277,11 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
     w.slot.assign(slots[0].end() - kTokens, slots[0].end());
     for (auto& backend : backends) EXPECT_FALSE(RunOn(*backend, w).path.in_place_new_kv);
   }
-  const int topks[] = {1, 100, 512, 513, 1000};
   int runs = 0;
   for (int b : {1, 2, 3, 8, 9, 15, 16, 17, 24}) {
     for (bool with_lse : {false, true}) {
       SCOPED_TRACE(testing::Message() << b << " requests, lse " << with_lse);
-      // Each request rewrites its sequence's last token (new data) and attends to it.
-      HostWork w;
-      w.num_requests = b;
-      w.with_lse = with_lse;
-      const size_t kv = static_cast<size_t>(b) * kHkv * kD, qe = static_cast<size_t>(b) * kHq * kD;
-      w.k_new.resize(kv);
-      w.v_new.resize(kv);
-      for (size_t e = 0; e < kv; ++e)
-        w.k_new[e] = RandomBf16(rng, 1.0f), w.v_new[e] = RandomBf16(rng, 1.0f);
-      w.q.resize(qe);
-      w.gate.resize(qe);
-      for (size_t e = 0; e < qe; ++e)
-        w.q[e] = RandomBf16(rng, 1.0f), w.gate[e] = RandomBf16(rng, 2.0f);
-      for (int r = 0; r < b; ++r) {
-        const int layer = (r + b) % kLayers;
-        const int64_t last = length[r] - 1;
-        w.a_layer.push_back(layer);
-        w.slot.push_back(slots[r][last]);
-        w.layer.push_back(layer);
-        w.page_table_offset.push_back(static_cast<int64_t>(w.page_table.size()));
-        w.page_table.insert(w.page_table.end(), pages[r].begin(), pages[r].end());
-        w.index_offset.push_back(static_cast<int64_t>(w.indices.size()));
-        const int k = topks[(r + b) % 5];
-        const bool per_head = r % 3 == 1;
-        w.topk.push_back(k);
-        w.per_kv_head.push_back(per_head ? 1 : 0);
-        std::uniform_int_distribution<int64_t> pos(0, last);
-        for (int i = 0; i < k * (per_head ? kHkv : 1); ++i)
-          w.indices.push_back(i % k == 0    ? static_cast<int32_t>(last)
-                              : i % 10 == 3 ? -1
-                                            : static_cast<int32_t>(pos(rng)));
-      }
+      const HostWork w = DecodeWork(seqs, 0, b, with_lse, rng);
       std::vector<Outputs> got;
       for (auto& backend : backends) got.push_back(RunOn(*backend, w));
       ++runs;
@@ -258,17 +297,8 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
         // exactly a piece (2 requests' q, 8 tokens' K) stays packed.
         EXPECT_EQ(got[v].path.in_place_q, v == 2 && small && b >= 3);
         EXPECT_EQ(got[v].path.in_place_new_kv, v == 2 && small && b >= 9);
-        // Bitwise: out of every request and head, lse as float bits.
-        ASSERT_EQ(got[v].out.size(), got[0].out.size());
-        for (size_t e = 0; e < got[0].out.size(); ++e)
-          ASSERT_EQ(got[v].out[e], got[0].out[e]) << "out element " << e;
-        ASSERT_EQ(got[v].lse.size(), got[0].lse.size());
-        for (size_t e = 0; e < got[0].lse.size(); ++e) {
-          uint32_t x, y;
-          std::memcpy(&x, &got[v].lse[e], 4);
-          std::memcpy(&y, &got[0].lse[e], 4);
-          ASSERT_EQ(x, y) << "lse element " << e;
-        }
+        ExpectSameBits(got[v], got[0]);
+        if (HasFatalFailure()) return;
       }
       // The reference run itself wrote every output (the poison is gone).
       for (uint16_t x : got[0].out) ASSERT_NE(x & 0x7F80, 0x7F80) << "non-finite output";
@@ -276,6 +306,49 @@ TEST_P(CudaBackendDirect, SameBitsAsTheCopyAroundTheThreshold) {
     }
   }
   EXPECT_EQ(runs, 18);
+}
+
+// Lanes (cuda_backend.h): two Runs at once, from two threads, on decode batches of
+// disjoint sequences (as the batcher sends them), give the bits that the same Runs give
+// one after the other on a one-lane backend, outputs poisoned before every Run.
+TEST_P(CudaBackendDirect, ConcurrentRunsOnTwoLanesGiveTheSequentialBits) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  std::vector<std::unique_ptr<Backend>> backends;  // [0]: one lane, [1]: two
+  for (int lanes : {1, 2}) {
+    CudaBackendOptions options;
+    options.lanes = lanes;
+    auto created = CreateCudaBackend(Config(GetParam()), options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    EXPECT_EQ((*created)->max_concurrent_runs(), lanes);
+    backends.push_back(*std::move(created));
+  }
+  std::mt19937 rng(12);
+  Sequences seqs;
+  PrepareSequences(backends, rng, &seqs);
+  if (HasFatalFailure()) return;
+  constexpr int kHalf = kMaxBatch / 2;
+  int rounds = 0;
+  for (int round = 0; round < 16; ++round) {
+    const int b = 1 + (round * 5) % kHalf;  // 1..12 requests per batch
+    const bool with_lse = round % 2 == 1;
+    SCOPED_TRACE(testing::Message() << "round " << round << ", " << b << " requests");
+    const HostWork x = DecodeWork(seqs, 0, b, with_lse, rng);
+    const HostWork y = DecodeWork(seqs, kHalf, b, with_lse, rng);
+    const Outputs want_x = RunOn(*backends[0], x);
+    const Outputs want_y = RunOn(*backends[0], y);
+    Outputs got_x, got_y;
+    std::thread other([&] { got_y = RunOn(*backends[1], y); });
+    got_x = RunOn(*backends[1], x);
+    other.join();
+    ExpectSameBits(got_x, want_x);
+    if (HasFatalFailure()) return;
+    ExpectSameBits(got_y, want_y);
+    if (HasFatalFailure()) return;
+    for (const Outputs* o : {&want_x, &want_y})
+      for (uint16_t v : o->out) ASSERT_NE(v & 0x7F80, 0x7F80) << "non-finite output";
+    ++rounds;
+  }
+  EXPECT_EQ(rounds, 16);
 }
 
 // A fresh backend holding one sequence "s" of 40 tokens in layer 0, their K/V random

@@ -593,6 +593,7 @@ TEST(ErrorsStandalone, InvalidFlagsFailAtStartWithOneLine) {
       {"--idle_spin_us=20000"},
       {"--idle_spin_us=-1"},
       {"--answer_threads=-2"},
+      {"--concurrent_batches=9"},
   };
   for (const auto& flags : bad) {
     std::string output;

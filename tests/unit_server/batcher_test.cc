@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -93,6 +94,7 @@ class BatcherTest : public ::testing::Test {
     options.eager = true;
     options.run_on_submitter = run_on_submitter;
     options.idle_spin = idle_spin;
+    options.max_concurrent_batches = max_concurrent_batches_;
     options.after_unit_release_for_test = after_unit_release_;
     batcher_ = std::make_unique<Batcher>(options, stack_.executor.get(), stack_.TakeStaging());
     batcher_->Start();
@@ -102,8 +104,25 @@ class BatcherTest : public ::testing::Test {
     if (batcher_) batcher_->Stop();
   }
 
-  // BatcherOptions::after_unit_release_for_test of the next Start.
+  // BatcherOptions::after_unit_release_for_test and max_concurrent_batches of the next
+  // Start.
   std::function<void()> after_unit_release_;
+  int32_t max_concurrent_batches_ = 1;
+
+  // A decode of `sequence` at `position` held inside its run (the executor's "still
+  // wanted?" check) until `release`; `entered` when it got there.
+  std::shared_ptr<Record> SubmitHeldDecode(const std::string& sequence, int64_t position,
+                                           const std::shared_ptr<absl::Notification>& entered,
+                                           absl::Notification* release) {
+    return SubmitDecodeAt(
+        {.sequence = sequence, .position = position, .cancelled = [entered, release] {
+           if (!entered->HasBeenNotified()) {
+             entered->Notify();
+             release->WaitForNotificationWithTimeout(kWait);
+           }
+           return false;
+         }});
+  }
 
   // A decode at position 0 of a fresh sequence (attending to itself); it finishes in
   // the returned record. `deadline_passed`: the queue answers it DEADLINE_EXCEEDED.
@@ -239,6 +258,17 @@ class BatcherTest : public ::testing::Test {
     Wait(hold);
   }
 
+  // A batcher of two concurrent batches (threads spinning 5 ms) with a decode of "a" at
+  // position 0 held in flight until `release`; null when it did not get there.
+  std::shared_ptr<Record> StartTwoLanesWithABatchHeld(absl::Notification* release) {
+    max_concurrent_batches_ = 2;
+    Start(/*run_on_submitter=*/false, std::chrono::milliseconds(5));
+    auto entered = std::make_shared<absl::Notification>();
+    std::shared_ptr<Record> held = SubmitHeldDecode("a", 0, entered, release);
+    if (!entered->WaitForNotificationWithTimeout(kWait)) return nullptr;
+    return held;
+  }
+
   server_test::CpuStack stack_;
   std::unique_ptr<Batcher> batcher_;
 };
@@ -363,6 +393,80 @@ TEST_F(BatcherTest, ABatchsCompletionsDoNotHoldTheNextBatch) {
   EXPECT_EQ(first->thread, "sds-assembler");
   EXPECT_TRUE(second->status.ok()) << second->status;
   EXPECT_EQ(second->thread, "test-submitter");
+}
+
+// max_concurrent_batches 2: a batch runs on a second executor thread while the first
+// is still in flight; fork/release work waits for both (it runs alone).
+TEST_F(BatcherTest, ConcurrentBatchesRunSideBySideAndControlWorkAlone) {
+  absl::Notification release;
+  std::shared_ptr<Record> held = StartTwoLanesWithABatchHeld(&release);
+  ASSERT_NE(held, nullptr);
+  std::shared_ptr<Record> other = SubmitDecode("b");
+  Wait(other);
+  EXPECT_TRUE(other->status.ok()) << other->status;
+  EXPECT_EQ(other->thread, "sds-executor");
+  std::shared_ptr<Record> control = SubmitControl();
+  EXPECT_FALSE(control->done.WaitForNotificationWithTimeout(absl::Milliseconds(100)))
+      << "fork/release work ran beside a batch";
+  release.Notify();
+  Wait(held);
+  Wait(control);
+  EXPECT_TRUE(held->status.ok()) << held->status;
+  EXPECT_TRUE(control->status.ok()) << control->status;
+}
+
+// With concurrent batches, a decode of a sequence that a batch in flight holds waits for
+// that batch (its position 0 is not written yet, and its page table may change), while
+// a decode of another sequence queued after it runs.
+TEST_F(BatcherTest, ConcurrentBatchesNeverHoldOneSequenceTwice) {
+  absl::Notification release;
+  std::shared_ptr<Record> held = StartTwoLanesWithABatchHeld(&release);
+  ASSERT_NE(held, nullptr);
+  std::shared_ptr<Record> next_of_held = SubmitDecodeAt({.sequence = "a", .position = 1});
+  std::shared_ptr<Record> other = SubmitDecode("b");
+  Wait(other);
+  EXPECT_TRUE(other->status.ok()) << other->status;
+  EXPECT_FALSE(next_of_held->done.WaitForNotificationWithTimeout(absl::Milliseconds(100)))
+      << "a decode of a sequence in flight ran: " << next_of_held->status;
+  release.Notify();
+  Wait(held);
+  Wait(next_of_held);
+  EXPECT_TRUE(held->status.ok()) << held->status;
+  EXPECT_TRUE(next_of_held->status.ok()) << next_of_held->status;
+}
+
+// Stop with several executor threads asleep (no spin): every one of them must wake and
+// exit, or Stop would wait for ever on the one that was not told.
+TEST_F(BatcherTest, StopEndsEveryExecutorThread) {
+  max_concurrent_batches_ = 3;
+  Start(/*run_on_submitter=*/false);
+  std::shared_ptr<Record> decode = SubmitDecode("s");
+  Wait(decode);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // all asleep on their cv
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    batcher_->Stop();
+    stopped.Notify();
+  });
+  const bool ended = stopped.WaitForNotificationWithTimeout(absl::Seconds(5));
+  EXPECT_TRUE(ended) << "Stop did not return: an executor thread was left asleep";
+  if (!ended) std::_Exit(1);  // the stuck threads cannot be joined
+  stopper.join();
+}
+
+// With one batch at a time (the default), the second decode waits for the first.
+TEST_F(BatcherTest, OneBatchAtATimeByDefault) {
+  Start(/*run_on_submitter=*/false, std::chrono::milliseconds(5));
+  auto entered = std::make_shared<absl::Notification>();
+  absl::Notification release;
+  std::shared_ptr<Record> held = SubmitHeldDecode("a", 0, entered, &release);
+  ASSERT_TRUE(entered->WaitForNotificationWithTimeout(kWait));
+  std::shared_ptr<Record> other = SubmitDecode("b");
+  EXPECT_FALSE(other->done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  release.Notify();
+  Wait(held);
+  Wait(other);
+  EXPECT_TRUE(other->status.ok()) << other->status;
 }
 
 // A work item without an answer slot is refused INTERNAL, not run or dereferenced; the

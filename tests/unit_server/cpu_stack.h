@@ -18,8 +18,8 @@ namespace sds::server::server_test {
 // Declare it before the Batcher that uses its executor, so that the Batcher is
 // destroyed first.
 struct CpuStack {
-  // Builds the backend from `config`, the executor for `model`, and two staging buffers
-  // for `model` and config.max_batch_size.
+  // Builds the backend from `config`, the executor for `model`, and three staging
+  // buffers for `model` and config.max_batch_size (two concurrent batches and one filling).
   absl::Status Init() {
     auto created = CreateCpuBackend(config);
     if (!created.ok()) return created.status();
@@ -29,7 +29,7 @@ struct CpuStack {
     if (!made.ok()) return made.status();
     executor = *std::move(made);
     staging.clear();
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 3; ++i) {
       auto buffer = StagingBuffer::Create(backend.get(), model, config.max_batch_size);
       if (!buffer.ok()) return buffer.status();
       staging.push_back(*std::move(buffer));
