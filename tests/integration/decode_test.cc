@@ -20,7 +20,10 @@ namespace {
 // staging_threads > 1: batches of 16 requests or more are copied into staging by that
 // many threads (--staging_threads); answer_threads > 0: stream answers of batches of two
 // or more are written by that many threads (--answer_threads); idle_spin_us > 0: the
-// batcher's threads spin that long for work before sleeping (--idle_spin_us).
+// batcher's threads spin that long for work before sleeping (--idle_spin_us);
+// concurrent_batches > 1: that many decode batches run at once on as many executor
+// threads, never two of one sequence (--concurrent_batches; the CPU backend runs their
+// kernels one after the other, the batcher's and executor's concurrency is real).
 struct DecodeTestParam {
   ScaleMode scale_mode;
   bool eager;
@@ -28,6 +31,7 @@ struct DecodeTestParam {
   int staging_threads = 1;
   int answer_threads = 0;
   int idle_spin_us = 0;
+  int concurrent_batches = 1;
 };
 
 class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
@@ -41,6 +45,7 @@ class DecodeTest : public ::testing::TestWithParam<DecodeTestParam> {
     flags.push_back("--staging_threads=" + std::to_string(GetParam().staging_threads));
     flags.push_back("--answer_threads=" + std::to_string(GetParam().answer_threads));
     flags.push_back("--idle_spin_us=" + std::to_string(GetParam().idle_spin_us));
+    flags.push_back("--concurrent_batches=" + std::to_string(GetParam().concurrent_batches));
     harness_ = std::make_unique<Harness>(model, flags);
     ASSERT_TRUE(harness_->ok()) << harness_->error();
   }
@@ -344,13 +349,16 @@ INSTANTIATE_TEST_SUITE_P(
                       DecodeTestParam{ScaleMode::kPerTokenHead, true, true},
                       DecodeTestParam{ScaleMode::kPerTensor, true, false, 3},
                       DecodeTestParam{ScaleMode::kPerTokenHead, false, false, 1, 4},
-                      DecodeTestParam{ScaleMode::kPerTokenHead, true, true, 1, 0, 2000}),
+                      DecodeTestParam{ScaleMode::kPerTokenHead, true, true, 1, 0, 2000},
+                      DecodeTestParam{ScaleMode::kPerTensor, true, false, 1, 2, 200, 2},
+                      DecodeTestParam{ScaleMode::kPerTokenHead, false, false, 1, 0, 0, 3}),
     [](const ::testing::TestParamInfo<DecodeTestParam>& info) {
       std::string name =
           info.param.scale_mode == ScaleMode::kPerTensor ? "PerTensor" : "PerTokenHead";
       if (info.param.staging_threads > 1) name += "StagingPool";
       if (info.param.answer_threads > 0) name += "AnswerPool";
       if (info.param.idle_spin_us > 0) name += "Spin";
+      if (info.param.concurrent_batches > 1) name += "Concurrent";
       if (info.param.inline_batches) return name + "EagerInline";
       return info.param.eager ? name + "Eager" : name;
     });
