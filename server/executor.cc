@@ -108,9 +108,10 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   PagedKvCache& cache = backend_->cache();
   const int32_t n = static_cast<int32_t>(items.size());
   std::vector<int32_t> row_of(n, -1);  // staging row after compaction
-  // Scratch of this call: batches may run on several executor threads at once.
-  std::vector<int64_t> slots;
-  std::vector<int32_t> pages;
+  // Scratch per thread (batches may run on several executor threads at once), kept for
+  // its capacity: no allocation per batch.
+  thread_local std::vector<int64_t> slots;
+  thread_local std::vector<int32_t> pages;
 
   // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
   int32_t rows = 0;

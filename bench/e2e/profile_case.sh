@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One end-to-end case, small shape, with the server's costs per decode: a fresh
-# decode_server (or echo_server) and decode_loadgen; after the prefill, 3 s of
+# One end-to-end case (small shape unless SHAPE says otherwise), with the server's costs
+# per decode: a fresh decode_server (or echo_server) and decode_loadgen; after the prefill, 3 s of
 # `perf stat` (or `perf record`) on the server process, CPU time of the load generator,
 # and voluntary / involuntary context switches per decode by thread name. Used for the
 # "server overheads" figures in bench/RESULTS.md.
@@ -9,36 +9,25 @@
 #   e.g. bash bench/e2e/profile_case.sh build --mode=stream --concurrency=16
 # Knobs (environment): TARGET (server | echo), PERF (stat | record | none),
 #   PERF_ARGS (perf record flags, default -g), DURATION_S (6), OUT (/tmp/sds_profile_case),
-#   BACKEND (cpu | cuda, default cpu), SHAPE (small | seed, default small: the shapes of
-#   run_e2e_bench.sh), SERVER_FLAGS (default "--eager_batching --inline_idle_batches" with
-#   BACKEND=cpu, "--eager_batching --idle_spin_us=2000" with cuda: the bench's), CPU_THREADS (0).
+#   BACKEND (cpu | cuda, default cpu), SHAPE (small | seed, default small), SERVER_FLAGS
+#   (default: the bench's for BACKEND), CPU_THREADS (0); shapes, flags and tools as
+#   run_e2e_bench.sh has them (e2e_setup.sh).
 # BIN is a build directory or a GPU bundle's bin/ (flat: decode_server, echo_server,
 # decode_loadgen side by side).
 set -euo pipefail
+source "$(dirname "$0")/e2e_setup.sh"
 BIN=$1
 shift
 TARGET=${TARGET:-server} PERF=${PERF:-stat} OUT=${OUT:-/tmp/sds_profile_case}
 DURATION_S=${DURATION_S:-6} BACKEND=${BACKEND:-cpu}
 mkdir -p "$OUT"
-case ${SHAPE:-small} in
-  small) SHAPE_FLAGS=(--num_layers=2 --num_q_heads=8 --num_kv_heads=2 --head_dim=64) TOPK=64 ;;
-  seed) SHAPE_FLAGS=(--num_layers=2 --num_q_heads=32 --num_kv_heads=8 --head_dim=128) TOPK=512 ;;
-  *) echo "profile_case: SHAPE must be small or seed" >&2; exit 2 ;;
-esac
-if [[ -x $BIN/decode_server ]]; then
-  SERVER=$BIN/decode_server ECHO=$BIN/echo_server LOADGEN=$BIN/decode_loadgen
-else
-  SERVER=$BIN/server/decode_server ECHO=$BIN/bench/e2e/echo_server
-  LOADGEN=$BIN/client/loadgen/decode_loadgen
-fi
-# Cache for 256 sequences x (576 + 257) tokens, K+V FP8, 2 layers, 2x slack (as the bench).
-HKV_D=$((${SHAPE_FLAGS[2]#*=} * ${SHAPE_FLAGS[3]#*=}))
-CACHE_BYTES=$((256 * 833 * HKV_D * 2 * 2 * 2))
+e2e_shape "${SHAPE:-small}" || exit 2
+SHAPE_FLAGS=(--num_layers=2 --num_q_heads="$HQ" --num_kv_heads="$HKV" --head_dim="$D")
+e2e_tools "$BIN"
+CACHE_BYTES=$(e2e_cache_bytes 2 576)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PORT=$(free_port)
-DEFAULT_FLAGS="--eager_batching --inline_idle_batches"
-[[ $BACKEND == cuda ]] && DEFAULT_FLAGS="--eager_batching --idle_spin_us=2000"
-read -r -a EXTRA <<<"${SERVER_FLAGS-$DEFAULT_FLAGS}"
+read -r -a EXTRA <<<"${SERVER_FLAGS-$(e2e_default_flags "$BACKEND")}"
 if [[ $TARGET == server ]]; then
   "$SERVER" --listen=127.0.0.1:"$PORT" --metrics_listen=127.0.0.1:"$(free_port)" \
     --backend="$BACKEND" "${SHAPE_FLAGS[@]}" --page_size=64 --cache_bytes=$CACHE_BYTES \

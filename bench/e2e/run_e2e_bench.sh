@@ -26,6 +26,7 @@
 # OUT_DIR (default BIN_DIR/e2e_bench) is kept across runs: each case's files from an
 # earlier run are deleted before the case runs, so only this run's results are read.
 set -euo pipefail
+source "$(dirname "$0")/e2e_setup.sh"
 
 BIN=${1:-build}
 BACKEND=${BACKEND:-cpu}
@@ -42,18 +43,10 @@ ROUNDS=${ROUNDS:-1}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "run_e2e_bench: ROUNDS must be a positive integer" >&2; exit 2; }
 TIMEOUT_MS=${TIMEOUT_MS:-10000}
 QUEUE_DELAY_US=${QUEUE_DELAY_US:-200}
-DEFAULT_FLAGS="--eager_batching"
-if [[ $BACKEND == cpu ]]; then DEFAULT_FLAGS+=" --inline_idle_batches"; fi
-if [[ $BACKEND == cuda ]]; then DEFAULT_FLAGS+=" --idle_spin_us=2000"; fi
-read -r -a EXTRA <<<"${SERVER_FLAGS-$DEFAULT_FLAGS}"
+read -r -a EXTRA <<<"${SERVER_FLAGS-$(e2e_default_flags "$BACKEND")}"
 OUT_DIR=${OUT_DIR:-$BIN/e2e_bench}
 
-if [[ -x $BIN/decode_server ]]; then
-  LOADGEN=$BIN/decode_loadgen ECHO=$BIN/echo_server SERVER=$BIN/decode_server
-else
-  LOADGEN=$BIN/client/loadgen/decode_loadgen ECHO=$BIN/bench/e2e/echo_server
-  SERVER=$BIN/server/decode_server
-fi
+e2e_tools "$BIN"
 for bin in "$LOADGEN" "$ECHO" "$SERVER"; do
   [[ -x $bin ]] || { echo "run_e2e_bench: $bin not built" >&2; exit 1; }
 done
@@ -121,11 +114,7 @@ run() {  # name target pid extra-flags...
 
 ALL=()
 for shape in $SHAPES; do
-  case $shape in
-    seed) HQ=32 HKV=8 D=128 TOPK=512 ;;
-    small) HQ=8 HKV=2 D=64 TOPK=64 ;;
-    *) echo "run_e2e_bench: unknown shape '$shape' (seed | small)" >&2; exit 2 ;;
-  esac
+  e2e_shape "$shape" || exit 2
   SHAPE=(--num_layers="$LAYERS" --num_q_heads="$HQ" --num_kv_heads="$HKV" --head_dim="$D")
   ECHO_PORT=$(free_port)
   "$ECHO" --listen=127.0.0.1:$ECHO_PORT "${SHAPE[@]}" --max_batch_size=256 \
@@ -133,8 +122,7 @@ for shape in $SHAPES; do
   ECHO_PID=$!; PIDS+=("$ECHO_PID")
   SERVER_PORT=$(free_port)
   METRICS_PORT=$(free_port)
-  # Cache for the largest run: 256 sequences x (prefill + 256 new + 1) tokens, K+V FP8, all layers, 2x slack.
-  CACHE_BYTES=$(( 256 * (PREFILL + 257) * HKV * D * 2 * LAYERS * 2 ))
+  CACHE_BYTES=$(e2e_cache_bytes "$LAYERS" "$PREFILL")
   "$SERVER" --listen=127.0.0.1:$SERVER_PORT --metrics_listen=127.0.0.1:$METRICS_PORT \
     --backend="$BACKEND" "${SHAPE[@]}" --page_size=64 --cache_bytes=$CACHE_BYTES \
     --max_batch_size=256 --max_queue_delay_us="$QUEUE_DELAY_US" --cpu_threads="$CPU_THREADS" \

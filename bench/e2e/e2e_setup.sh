@@ -1,0 +1,39 @@
+# Sourced by run_e2e_bench.sh and profile_case.sh: where the binaries are, the shapes, the
+# server flags each backend is benchmarked with, and the cache size, so that both scripts
+# run the same server.
+
+# e2e_tools BIN: sets SERVER, ECHO and LOADGEN from a CMake build dir or a flat dir
+# (a GPU bundle's bin/) holding decode_server, echo_server and decode_loadgen.
+e2e_tools() {
+  if [[ -x $1/decode_server ]]; then
+    SERVER=$1/decode_server ECHO=$1/echo_server LOADGEN=$1/decode_loadgen
+  else
+    SERVER=$1/server/decode_server ECHO=$1/bench/e2e/echo_server
+    LOADGEN=$1/client/loadgen/decode_loadgen
+  fi
+}
+
+# e2e_shape NAME: sets HQ, HKV, D and TOPK; fails on an unknown name.
+# seed = 32/8 heads, D 128, top-K 512; small = 8/2 heads, D 64, top-K 64.
+e2e_shape() {
+  case $1 in
+    seed) HQ=32 HKV=8 D=128 TOPK=512 ;;
+    small) HQ=8 HKV=2 D=64 TOPK=64 ;;
+    *) echo "unknown shape '$1' (seed | small)" >&2; return 1 ;;
+  esac
+}
+
+# e2e_default_flags BACKEND: the decode_server flags the bench runs BACKEND with (each
+# measured faster with its backend: bench/RESULTS.md).
+e2e_default_flags() {
+  local flags="--eager_batching"
+  if [[ $1 == cpu ]]; then flags+=" --inline_idle_batches"; fi
+  if [[ $1 == cuda ]]; then flags+=" --idle_spin_us=2000"; fi
+  echo "$flags"
+}
+
+# e2e_cache_bytes LAYERS PREFILL (after e2e_shape): room for the largest run, 256
+# sequences x (prefill + 256 new + 1) tokens, K and V in FP8, every layer, 2x slack.
+e2e_cache_bytes() {
+  echo $((256 * ($2 + 257) * HKV * D * 2 * $1 * 2))
+}
