@@ -57,8 +57,9 @@ struct CudaBackendOptions {
   // overlap on the device; Backend::max_concurrent_runs() reports it, and the server runs
   // that many decode batches at once (--concurrent_batches). Each lane holds ~3 x
   // max_batch_size x Hq x D x 2 bytes of batch buffers plus its workspace. 1 by default:
-  // two lanes give the one-lane bits on the H200 (backend_direct_test.cc), but their
-  // end-to-end effect is not measured yet (bench/RESULTS.md, session 16).
+  // two lanes give the one-lane bits on the H200 (backend_direct_test.cc), but at the
+  // seed shape they gained nothing end to end beyond the spread (bench/RESULTS.md,
+  // session 17).
   int32_t lanes = 1;
 };
 
