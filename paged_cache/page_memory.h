@@ -15,12 +15,15 @@ class PageMemory {
   // Allocates `bytes` bytes (RESOURCE_EXHAUSTED on failure). Contents are unspecified.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
-  // Copies within this memory. Must be ordered after all earlier work that writes or
-  // reads `src`/`dst` and before all later work (the CUDA version enqueues on the
-  // backend's stream; the host version is a plain memcpy).
+  // Copies within this memory, ordered after all earlier work that writes or reads
+  // `src`/`dst`; done before any later work once WaitForCopies has returned (the CUDA
+  // version enqueues on a stream of its own; the host version is a plain memmove).
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
   // Sets `bytes` bytes to zero, with the same ordering as Copy.
   virtual absl::Status Zero(void* dst, size_t bytes) = 0;
+  // Returns once every Copy and Zero issued so far is done (the cache calls it before it
+  // returns from a call that issued any, so no later work can see them unfinished).
+  virtual absl::Status WaitForCopies() = 0;
   // True when the CPU may dereference the pointers this memory hands out.
   virtual bool host_accessible() const = 0;
 };

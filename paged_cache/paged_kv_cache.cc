@@ -244,9 +244,11 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(
   impl->base = static_cast<uint8_t*>(*bytes);
   impl->memory = std::move(memory);
   // Zeroed once so a stray read of an unwritten slot sees 0, not stale bytes or NaN scales.
-  if (auto s = impl->memory->Zero(impl->base, static_cast<size_t>(layout->total_bytes)); !s.ok()) {
+  absl::Status zeroed = impl->memory->Zero(impl->base, static_cast<size_t>(layout->total_bytes));
+  if (zeroed.ok()) zeroed = impl->memory->WaitForCopies();
+  if (!zeroed.ok()) {
     impl->memory->Free(impl->base);
-    return s;
+    return zeroed;
   }
 
   CacheView& v = impl->view;
@@ -365,16 +367,24 @@ absl::Status PagedKvCache::PrepareWrite(const std::string& id, int32_t layer, in
   }
 
   // Copy-on-write. The copy runs under the lock: it happens once per shared page per
-  // fork, the host copy is one memcpy per layer and the CUDA copy only enqueues, and
-  // copying outside would need pinned pages plus a second validation pass.
+  // fork, the host copy is one memmove per layer and region, the CUDA copies are
+  // enqueued and waited for once, and copying outside would need pinned pages plus a
+  // second validation pass.
   std::vector<int32_t> fresh;
   fresh.reserve(shared.size());
+  absl::Status copied;
   for (int64_t j : shared) {
     fresh.push_back(impl_->PopFree());
-    if (auto s = impl_->CopyPage(fresh.back(), seq.pages[j]); !s.ok()) {
-      for (int32_t page : fresh) impl_->Unref(page);
-      return s;
-    }
+    copied = impl_->CopyPage(fresh.back(), seq.pages[j]);
+    if (!copied.ok()) break;
+  }
+  if (!shared.empty()) {
+    absl::Status waited = impl_->memory->WaitForCopies();  // also after a failed copy
+    if (copied.ok()) copied = waited;
+  }
+  if (!copied.ok()) {
+    for (int32_t page : fresh) impl_->Unref(page);
+    return copied;
   }
   for (size_t i = 0; i < shared.size(); ++i) {
     int32_t& entry = seq.pages[shared[i]];

@@ -337,14 +337,19 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
        (eligible == 0 && expiring > 0));
   if (!close) {
     // Nothing eligible (every request's sequence is in flight): a batch's release wakes
-    // the assembler; the delay bounds the wait anyway.
-    *wait_until = (eligible > 0 ? oldest : now) + options_.max_queue_delay;
+    // the assembler; a bound (at least 1 ms, so that a zero queue delay does not turn
+    // this wait into a busy loop) guards the wait anyway.
+    *wait_until = eligible > 0 ? oldest + options_.max_queue_delay
+                               : now + std::max<std::chrono::microseconds>(
+                                           options_.max_queue_delay, std::chrono::milliseconds(1));
     return false;
   }
   // Allocate first: once entries leave the queue nothing may throw, or they would be lost.
   const size_t first_taken = decodes->size();
   decodes->reserve(decodes->size() + eligible);
   expired->reserve(expired->size() + expiring);
+  if (options_.max_concurrent_batches > 1)
+    in_flight_sequences_.reserve(in_flight_sequences_.size() + eligible);
   for (size_t i = 0; i < actions.size(); ++i) {
     if (actions[i] == ScanAction::kTake) {
       decodes->push_back(std::get<DecodeWork>(std::move(queue_[i])));
@@ -649,13 +654,17 @@ void Batcher::ReleaseResources(const Ready& ready) {
     // An eager assembler holding requests waits for this moment, and with concurrent
     // batches requests of this batch's sequences may be queued. Checked under the lock,
     // so that no wake-up is lost (see TakeWork); an empty queue needs none: the next
-    // submit wakes the assembler itself when it can close a batch.
-    const int before = batches_in_flight_.fetch_sub(1);
+    // submit wakes the assembler itself when it can close a batch. The sequences leave
+    // the in-flight set before the count drops: a spinning assembler polls the count
+    // (TakeWork) and must then find them free, or their next requests would wait a batch.
     bool queued = false;
-    if (max_batches > 1 || (before == 1 && options_.eager)) {
+    if (max_batches > 1 || options_.eager) {
       std::lock_guard<std::mutex> lock(queue_mu_);
       RemoveInFlightSequencesLocked(ready.decodes);
-      queued = !queue_.empty();
+      const int before = batches_in_flight_.fetch_sub(1);
+      queued = (max_batches > 1 || before == 1) && !queue_.empty();
+    } else {
+      batches_in_flight_.fetch_sub(1);
     }
     if (queued) queue_cv_.notify_one();
   }

@@ -19,6 +19,10 @@
 // waiting). With max_concurrent_batches > 1 (a backend with several lanes) that many
 // executor threads run decode batches side by side, each batch free of the sequences of
 // the others; the eager close then waits only for a free lane.
+// A decode batch frees its staging buffer and its executor thread once its cache writes
+// are committed and its answers encoded, before its completions run: work queued after
+// it (a batch, a prefill, a fork or release) may then start, and be answered, before
+// that batch's answers are sent.
 // Critical sections only move queue entries; condition variables are
 // notified after the lock is released, and only when the waiter's decision can change
 // (a queue that was empty, a full batch, a non-decode entry, a finished batch).

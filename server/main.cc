@@ -159,6 +159,14 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   const int concurrent_batches = opt.inline_idle_batches      ? 1
                                  : opt.concurrent_batches > 0 ? opt.concurrent_batches
                                                               : backend->max_concurrent_runs();
+  if (concurrent_batches > backend->max_concurrent_runs()) {
+    // Accepted (the extra batches wait for the backend inside Run), but they hold staging
+    // buffers and keep their sequences out of other batches meanwhile.
+    spdlog::warn(
+        "--concurrent_batches={} exceeds the {} batches the {} backend runs side by "
+        "side; the extra ones wait for it",
+        concurrent_batches, backend->max_concurrent_runs(), backend->name());
+  }
   std::vector<std::unique_ptr<StagingBuffer>> staging;
   for (int i = 0; i < std::max(2, concurrent_batches + 1); ++i) {
     auto buffer = StagingBuffer::Create(backend.get(), model, opt.backend_config.max_batch_size);

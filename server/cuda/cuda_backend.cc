@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -39,9 +40,10 @@ using cudabackend::DeviceBuffer;
 using cudabackend::InputUpload;
 using cudabackend::LogIfCudaCleanupFailed;
 
-// Device memory for the cache pool. Copy and Zero run on their own stream and wait for
-// it: done before the batch that needed them (on any lane) enqueues a kernel. They are
-// rare (copy-on-write after a fork; zeroing at start-up).
+// Device memory for the cache pool. Copy and Zero enqueue on a stream of their own and
+// WaitForCopies waits for it, so they are done before the batch that needed them (on
+// any lane) enqueues a kernel. They are rare (copy-on-write after a fork; zeroing at
+// start-up).
 class CudaPageMemory : public PageMemory {
  public:
   explicit CudaPageMemory(cudaStream_t stream) : stream_(stream) {}
@@ -59,18 +61,14 @@ class CudaPageMemory : public PageMemory {
     if (ptr != nullptr) LogIfCudaCleanupFailed(cudaFree(ptr), "cudaFree of the KV cache pool");
   }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
-    if (absl::Status s =
-            CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
-                     "cache page copy (copy-on-write)");
-        !s.ok())
-      return s;
-    return CudaCall(cudaStreamSynchronize(stream_), "cache page copy (copy-on-write)");
+    return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                    "cache page copy (copy-on-write)");
   }
   absl::Status Zero(void* dst, size_t bytes) override {
-    if (absl::Status s = CudaCall(cudaMemsetAsync(dst, 0, bytes, stream_), "cache page zero");
-        !s.ok())
-      return s;
-    return CudaCall(cudaStreamSynchronize(stream_), "cache page zero");
+    return CudaCall(cudaMemsetAsync(dst, 0, bytes, stream_), "cache page zero");
+  }
+  absl::Status WaitForCopies() override {
+    return CudaCall(cudaStreamSynchronize(stream_), "cache page copies and zeroing");
   }
   bool host_accessible() const override { return false; }
 
@@ -286,7 +284,16 @@ class CudaBackend : public Backend {
       lane = free_lanes_.back();
       free_lanes_.pop_back();
     }
-    absl::Status status = RunOnLane(*lane, work, timing);
+    absl::Status status;
+    try {
+      status = RunOnLane(*lane, work, timing);
+    } catch (const std::exception& e) {
+      // bad_alloc while enqueuing: drain what was enqueued (it may read staging that the
+      // caller frees next) and give the lane back, or the next Run would wait forever.
+      LogIfCudaCleanupFailed(cudaStreamSynchronize(lane->stream),
+                             "stream synchronisation after an exception");
+      status = absl::InternalError(absl::StrCat("CUDA batch: ", e.what()));
+    }
     {
       std::lock_guard<std::mutex> lock(lanes_mu_);
       last_path_ = lane->path;

@@ -1,6 +1,9 @@
 // Deterministic tests of the paged KV cache: validation, allocation at page
 // boundaries, fork and copy-on-write through the CacheView bytes, exhaustion.
+#include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -305,6 +308,69 @@ INSTANTIATE_TEST_SUITE_P(ScaleModes, CopyOnWrite,
                            return info.param == ScaleMode::kPerTensor ? "PerTensor"
                                                                       : "PerTokenHead";
                          });
+
+// Host memory whose Copy and Zero take effect only at WaitForCopies, as a device's
+// stream would run them; allocations start filled with 0xA5 so that a missing zeroing
+// shows.
+class DeferredPageMemory final : public PageMemory {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    absl::StatusOr<void*> ptr = host_->Allocate(bytes);
+    if (ptr.ok()) std::memset(*ptr, 0xA5, bytes);
+    return ptr;
+  }
+  void Free(void* ptr) override { host_->Free(ptr); }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override {
+    pending_.push_back([dst, src, bytes] { std::memmove(dst, src, bytes); });
+    return absl::OkStatus();
+  }
+  absl::Status Zero(void* dst, size_t bytes) override {
+    pending_.push_back([dst, bytes] { std::memset(dst, 0, bytes); });
+    return absl::OkStatus();
+  }
+  absl::Status WaitForCopies() override {
+    for (auto& op : pending_) op();
+    pending_.clear();
+    return absl::OkStatus();
+  }
+  bool host_accessible() const override { return true; }
+  size_t pending() const { return pending_.size(); }
+
+ private:
+  std::unique_ptr<PageMemory> host_ = MakeHostPageMemory();
+  std::vector<std::function<void()>> pending_;
+};
+
+TEST(PagedKvCache, CopiesAndZeroingAreDoneWhenTheCallReturns) {
+  auto owned = std::make_unique<DeferredPageMemory>();
+  DeferredPageMemory* memory = owned.get();
+  auto created = PagedKvCache::Create(SmallConfig(16, ScaleMode::kPerTokenHead), std::move(owned));
+  ASSERT_TRUE(created.ok()) << created.status();
+  PagedKvCache& cache = **created;
+  EXPECT_EQ(memory->pending(), 0u);
+  const CacheView& view = cache.view();
+  const int64_t pool_bytes = int64_t{view.geo.num_layers} * view.geo.num_pages *
+                             view.geo.page_size * view.geo.num_kv_heads * view.geo.head_dim;
+  for (int64_t i = 0; i < pool_bytes; ++i) {
+    ASSERT_EQ(view.k[i], 0) << "K byte " << i << " not zeroed";
+    ASSERT_EQ(view.v[i], 0) << "V byte " << i << " not zeroed";
+  }
+
+  ASSERT_TRUE(cache.CreateSequence("p", 0).ok());
+  Append(cache, "p", 0, 6, 10);  // page 1 holds positions 4, 5
+  ASSERT_TRUE(cache.ForkSequence("p", "c").ok());
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache.PrepareWrite("c", 1, 6, 1, &slots).ok());  // copies shared page 1
+  EXPECT_EQ(memory->pending(), 0u);
+  const int64_t copy = Table(cache, "c")[1];
+  ASSERT_NE(copy, Table(cache, "p")[1]);
+  for (int32_t layer = 0; layer < 3; ++layer) {
+    for (int64_t pos = 4; pos < 6; ++pos) {
+      EXPECT_TRUE(SlotHolds(view, layer, copy * 4 + pos % 4, 10 + pos + layer))
+          << "copied page, layer " << layer << " pos " << pos;
+    }
+  }
+}
 
 struct Snapshot {
   std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t> stats;
