@@ -36,7 +36,7 @@ for label in A B B A; do
     echo "e2e_ab: run $run ($label) failed" >&2
     exit 1
   fi
-  rows=$(grep -E '^\| [a-z0-9]+_(stream|batch)[0-9]+ ' "$out/summary.md" || true)
+  rows=$(grep -E '^\| [a-z0-9]+_(stream|batch)[0-9]+(x[0-9]+)? ' "$out/summary.md" || true)
   [[ -n $rows ]] || { echo "e2e_ab: run $run ($label) printed no case rows" >&2; exit 1; }
   [[ $run -eq 1 ]] && grep -E '^\| case ' "$out/summary.md" | sed 's/^/    /'
   sed "s/^/$label$run /" <<<"$rows"

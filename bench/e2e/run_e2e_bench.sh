@@ -14,8 +14,10 @@
 #   echo_server and decode_loadgen (e.g. gpu_bundle/bin).
 # Knobs (environment): BACKEND (cpu | cuda), SHAPES ("small seed"), LAYERS (2),
 #   PREFILL (576), DURATION_S (5), WARMUP_S (1), CPU_THREADS (0 = all),
-#   STREAMS ("1 16 256"), BATCHES ("64 256"), CHANNELS (1: the load generator's gRPC
-#   channels, i.e. TCP connections, for the echo and the server alike), OUT_DIR,
+#   STREAMS ("1 16 256"), BATCHES ("64 256"), BATCH_CONCURRENCY (1: DecodeBatch calls in
+#   flight at once; above 1 the cases are named <shape>_batch<B>x<C>), CHANNELS (1: the
+#   load generator's gRPC channels, i.e. TCP connections, for the echo and the server
+#   alike), OUT_DIR,
 #   TIMEOUT_MS, QUEUE_DELAY_US (200), ROUNDS (1: each case's echo and server runs, taken
 #   in turn echo, server, echo, server...; with 2 or more the table gives each ratio's
 #   median over the rounds and its range, and whether the medians meet issue #5's goals
@@ -38,6 +40,8 @@ WARMUP_S=${WARMUP_S:-1}
 CPU_THREADS=${CPU_THREADS:-0}
 STREAMS=${STREAMS:-"1 16 256"}
 BATCHES=${BATCHES:-"64 256"}
+BATCH_CONCURRENCY=${BATCH_CONCURRENCY:-1}
+[[ $BATCH_CONCURRENCY =~ ^[1-9][0-9]*$ ]] || { echo "run_e2e_bench: BATCH_CONCURRENCY must be a positive integer" >&2; exit 2; }
 CHANNELS=${CHANNELS:-1}
 ROUNDS=${ROUNDS:-1}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "run_e2e_bench: ROUNDS must be a positive integer" >&2; exit 2; }
@@ -134,7 +138,11 @@ for shape in $SHAPES; do
 
   CASES=()
   for n in $STREAMS; do CASES+=("${shape}_stream$n:--mode=stream --concurrency=$n"); done
-  for b in $BATCHES; do CASES+=("${shape}_batch$b:--mode=batch --batch_size=$b --concurrency=1"); done
+  batch_suffix=""
+  if ((BATCH_CONCURRENCY > 1)); then batch_suffix=x$BATCH_CONCURRENCY; fi
+  for b in $BATCHES; do
+    CASES+=("${shape}_batch$b$batch_suffix:--mode=batch --batch_size=$b --concurrency=$BATCH_CONCURRENCY")
+  done
   for c in "${CASES[@]}"; do
     name=${c%%:*}; read -r -a flags <<<"${c#*:}"
     for r in $(seq 1 "$ROUNDS"); do  # echo, server, echo, server...: drift hits both
