@@ -32,8 +32,9 @@ e2e_default_flags() {
   echo "$flags"
 }
 
-# e2e_cache_bytes LAYERS PREFILL (after e2e_shape): room for the largest run, 256
-# sequences x (prefill + 256 new + 1) tokens, K and V in FP8, every layer, 2x slack.
+# e2e_cache_bytes LAYERS PREFILL [SEQUENCES] (after e2e_shape): room for the largest
+# run, SEQUENCES (default 256) x (prefill + 256 new + 1) tokens, K and V in FP8, every
+# layer, 2x slack.
 e2e_cache_bytes() {
-  echo $((256 * ($2 + 257) * HKV * D * 2 * $1 * 2))
+  echo $((${3:-256} * ($2 + 257) * HKV * D * 2 * $1 * 2))
 }

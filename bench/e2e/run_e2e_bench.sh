@@ -126,7 +126,12 @@ for shape in $SHAPES; do
   ECHO_PID=$!; PIDS+=("$ECHO_PID")
   SERVER_PORT=$(free_port)
   METRICS_PORT=$(free_port)
-  CACHE_BYTES=$(e2e_cache_bytes "$LAYERS" "$PREFILL")
+  # Sequences of the largest case: 256 streams, or BATCH_CONCURRENCY calls of the largest batch.
+  max_sequences=256
+  for b in $BATCHES; do
+    if ((b * BATCH_CONCURRENCY > max_sequences)); then max_sequences=$((b * BATCH_CONCURRENCY)); fi
+  done
+  CACHE_BYTES=$(e2e_cache_bytes "$LAYERS" "$PREFILL" "$max_sequences")
   "$SERVER" --listen=127.0.0.1:$SERVER_PORT --metrics_listen=127.0.0.1:$METRICS_PORT \
     --backend="$BACKEND" "${SHAPE[@]}" --page_size=64 --cache_bytes=$CACHE_BYTES \
     --max_batch_size=256 --max_queue_delay_us="$QUEUE_DELAY_US" --cpu_threads="$CPU_THREADS" \
