@@ -4,6 +4,7 @@ that do not need the real maths.
 
     python3 test_client_unit.py
 """
+import threading
 import unittest
 from concurrent import futures
 
@@ -22,11 +23,17 @@ class FakeServer(pb_grpc.DecodeServiceServicer):
 
     def __init__(self):
         self.drop = 0
+        self.fail_with = None  # a grpc.StatusCode: DecodeBatch aborts with it
+        self.release = None    # a threading.Event: DecodeBatch waits for it
 
     def GetModelInfo(self, request, context):
         return pb.ModelInfo(num_layers=1, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
 
     def DecodeBatch(self, request, context):
+        if self.release is not None:
+            self.release.wait(10)
+        if self.fail_with is not None:
+            context.abort(self.fail_with, "refused by the fake")
         out = pb.Tensor(dtype=pb.BF16, shape=[HQ, D], data=bytes(2 * HQ * D))
         n = len(request.requests) - self.drop
         reqs = list(request.requests) + [request.requests[0]] * max(0, n - len(request.requests))
@@ -38,7 +45,7 @@ class DecodeBatchTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.fake = FakeServer()
-        cls.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        cls.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_DecodeServiceServicer_to_server(cls.fake, cls.server)
         port = cls.server.add_insecure_port("127.0.0.1:0")
         cls.server.start()
@@ -69,6 +76,48 @@ class DecodeBatchTest(unittest.TestCase):
                     self.client.decode_batch(self.requests(3))
                 self.assertEqual(e.exception.code, grpc.StatusCode.INTERNAL)
                 self.assertIn(f"{3 - drop} responses to 3 requests", e.exception.message)
+
+
+    def test_async_calls_are_in_flight_together(self):
+        self.fake.drop = 0
+        self.fake.release = threading.Event()
+        try:
+            calls = [self.client.decode_batch_async(self.requests(n)) for n in (1, 2, 3)]
+            # All three wait in the fake at once: none can be done before the release.
+            self.assertFalse(any(c.done() for c in calls))
+            with self.assertRaises(TimeoutError):
+                calls[0].result(timeout=0.05)
+            self.fake.release.set()
+            for n, c in zip((1, 2, 3), calls):
+                self.assertEqual([r.request_id for r in c.result()], list(range(1, n + 1)))
+                self.assertTrue(c.done())
+        finally:
+            self.fake.release = None
+
+    def test_async_errors_are_raised_by_result(self):
+        self.fake.drop = 1
+        with self.assertRaises(DecodeError) as e:
+            self.client.decode_batch_async(self.requests(3)).result()
+        self.assertEqual(e.exception.code, grpc.StatusCode.INTERNAL)
+        self.assertIn("2 responses to 3 requests", e.exception.message)
+        self.fake.drop = 0
+        self.fake.fail_with = grpc.StatusCode.RESOURCE_EXHAUSTED
+        try:
+            with self.assertRaises(DecodeError) as e:
+                self.client.decode_batch_async(self.requests(2)).result()
+            self.assertEqual(e.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        finally:
+            self.fake.fail_with = None
+        self.fake.release = threading.Event()
+        try:
+            call = self.client.decode_batch_async(self.requests(2))
+            self.assertTrue(call.cancel())
+            with self.assertRaises(DecodeError) as e:
+                call.result()
+            self.assertEqual(e.exception.code, grpc.StatusCode.CANCELLED)
+        finally:
+            self.fake.release.set()
+            self.fake.release = None
 
 
 class Int32TensorTest(unittest.TestCase):

@@ -146,6 +146,19 @@ class ServerCase(unittest.TestCase):
         alone = self.client.decode(**reqs[3])
         np.testing.assert_array_equal(alone.out_bits, results[3].out_bits)
 
+    def test_decode_batch_async_calls_in_flight(self):
+        seqs = [f"{self.id()}-{i}" for i in range(4)]
+        for s in seqs:
+            self.prefill(s)
+        batches = [[self.make(s, layer, PREFILL, self.random_indices(PREFILL))
+                    for layer in range(LAYERS)] for s in seqs]
+        calls = [self.client.decode_batch_async(b, raise_on_error=True) for b in batches]
+        for batch, call in zip(batches, calls):
+            results = call.result()
+            self.assertEqual(len(results), len(batch))
+            for req, res in zip(batch, results):
+                self.check(req, res)
+
     def test_stream_layer_loop(self):
         seq = f"{self.id()}"
         self.prefill(seq)

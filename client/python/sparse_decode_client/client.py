@@ -53,6 +53,52 @@ def _parse_response(resp):
     return DecodeResult(resp.request_id, out, lse, batch)
 
 
+def _batch_results(resp, count, raise_on_error):
+    """A DecodeBatchResponse to `count` requests as decode_batch returns it."""
+    # Results are matched to requests by position: a short or long answer would pair
+    # outputs with the wrong requests, or drop some silently.
+    if len(resp.responses) != count:
+        raise DecodeError(grpc.StatusCode.INTERNAL,
+                          f"DecodeBatch answered {len(resp.responses)} responses to "
+                          f"{count} requests")
+    results = [_parse_response(r) for r in resp.responses]
+    if raise_on_error:
+        for r in results:
+            if isinstance(r, DecodeError):
+                raise r
+    return results
+
+
+class DecodeBatchFuture:
+    """A DecodeBatch call in flight (DecodeClient.decode_batch_async)."""
+
+    def __init__(self, call, count, raise_on_error):
+        self._call = call  # grpc's future of the DecodeBatchResponse
+        self._count = count
+        self._raise_on_error = raise_on_error
+
+    def done(self):
+        return self._call.done()
+
+    def cancel(self):
+        """Cancels the call if it is still in flight; result() then raises CANCELLED."""
+        return self._call.cancel()
+
+    def result(self, timeout=None):
+        """Waits up to `timeout` seconds (None: until the call's deadline) and returns
+        what decode_batch returns; raises DecodeError as it does, TimeoutError when
+        `timeout` passes first (the call goes on)."""
+        try:
+            resp = self._call.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise TimeoutError(f"DecodeBatch still in flight after {timeout} s") from None
+        except grpc.FutureCancelledError:
+            raise DecodeError(grpc.StatusCode.CANCELLED, "DecodeBatch cancelled") from None
+        except grpc.RpcError as e:
+            raise DecodeError.from_rpc(e) from None
+        return _batch_results(resp, self._count, self._raise_on_error)
+
+
 class DecodeClient:
     """Connects to a decode server.
 
@@ -163,20 +209,23 @@ class DecodeClient:
         that failed alone (raised instead when raise_on_error). Raises DecodeError
         (INTERNAL) when the server answers a different number of responses.
         """
-        reqs = [r if isinstance(r, pb.DecodeRequest) else self.make_request(**r) for r in requests]
+        reqs = self._batch_requests(requests)
         resp = self._call(self._stub.DecodeBatch, pb.DecodeBatchRequest(requests=reqs), timeout)
-        # Results are matched to requests by position: a short or long answer would pair
-        # outputs with the wrong requests, or drop some silently.
-        if len(resp.responses) != len(reqs):
-            raise DecodeError(grpc.StatusCode.INTERNAL,
-                              f"DecodeBatch answered {len(resp.responses)} responses to "
-                              f"{len(reqs)} requests")
-        results = [_parse_response(r) for r in resp.responses]
-        if raise_on_error:
-            for r in results:
-                if isinstance(r, DecodeError):
-                    raise r
-        return results
+        return _batch_results(resp, len(reqs), raise_on_error)
+
+    def decode_batch_async(self, requests, timeout=None, raise_on_error=False):
+        """decode_batch without waiting: returns a DecodeBatchFuture at once, so that one
+        thread can keep several calls in flight (micro-batches, pipeline stages; one call
+        at a time leaves the server idle for every round trip). Its result() returns or
+        raises what decode_batch would."""
+        reqs = self._batch_requests(requests)
+        call = self._stub.DecodeBatch.future(pb.DecodeBatchRequest(requests=reqs),
+                                             timeout=timeout or self.timeout,
+                                             metadata=self._metadata)
+        return DecodeBatchFuture(call, len(reqs), raise_on_error)
+
+    def _batch_requests(self, requests):
+        return [r if isinstance(r, pb.DecodeRequest) else self.make_request(**r) for r in requests]
 
     def stream(self, timeout=None):
         """Opens a DecodeStream (see DecodeStream); `timeout` bounds its whole life."""
