@@ -674,6 +674,7 @@ bool Batcher::Drain(Clock::time_point deadline) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     draining_ = true;
+    queue_events_.fetch_add(1, std::memory_order_relaxed);  // ends a spinning assembler's poll
   }
   queue_cv_.notify_all();
   std::unique_lock<std::mutex> lock(outstanding_mu_);
