@@ -190,6 +190,11 @@ def send_p99_us(n):
         lo, prev = le, c
     return "-"
 
+def client_cpu(r):
+    """The load generator's CPU per token-layer (all its threads), "-" when not reported."""
+    v = r.get("client_cpu_us_per_token_layer")
+    return "-" if v is None else f"{v:.1f}"
+
 def load(tag):
     """The echo and server results of one round; exits on an empty or failing run."""
     pair = [json.load(open(f"{out}/{who}_{tag}.json")) for who in ("echo", "server")]
@@ -200,15 +205,21 @@ def load(tag):
 
 print(f"backend: {backend}; shapes: small = 8/2 heads D64 top-K 64, seed = 32/8 heads D128 top-K 512")
 if rounds == 1:
-    print("| case | echo tok-layers/s | server tok-layers/s | throughput / echo | echo p99 us | server p99 us | p99 / echo | server queue p99 us | server compute p99 us | server answer send p99 us |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| case | echo tok-layers/s | server tok-layers/s | throughput / echo | echo p99 us | server p99 us | p99 / echo | server queue p99 us | server compute p99 us | server answer send p99 us | load generator CPU us per decode (echo / server runs) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in names:
         e, s = load(n)
         print(f"| {n} | {e['token_layers_per_s']:.0f} | {s['token_layers_per_s']:.0f} | "
               f"{s['token_layers_per_s'] / e['token_layers_per_s']:.3f} | {e['latency_us']['p99']} | "
               f"{s['latency_us']['p99']} | {s['latency_us']['p99'] / max(e['latency_us']['p99'], 1):.1f} | "
-              f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} | {send_p99_us(n)} |")
+              f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} | {send_p99_us(n)} | "
+              f"{client_cpu(e)} / {client_cpu(s)} |")
     sys.exit(0)
+
+def median_cpu(results):
+    values = [r["client_cpu_us_per_token_layer"] for r in results
+              if r.get("client_cpu_us_per_token_layer") is not None]
+    return f"{statistics.median(values):.1f}" if values else "-"
 
 def spread(values, fmt):
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
@@ -222,8 +233,8 @@ def goals(throughput, p99):
 print(f"{rounds} rounds per case (echo and server in turn); median (min-max) over the rounds, "
       "each round's ratio taken against the echo run just before it; goals: median "
       "throughput >= 0.8x the echo's and median p99 <= 2x")
-print("| case | throughput / echo | p99 / echo | goals | echo tok-layers/s | server tok-layers/s | echo p99 us | server p99 us | server queue p99 us | server compute p99 us |")
-print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+print("| case | throughput / echo | p99 / echo | goals | echo tok-layers/s | server tok-layers/s | echo p99 us | server p99 us | server queue p99 us | server compute p99 us | load generator CPU us per decode (echo / server runs, medians) |")
+print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 for n in names:
     runs = [load(f"{n}_r{r}") for r in range(1, rounds + 1)]
     col = lambda f: [f(e, s) for e, s in runs]
@@ -235,7 +246,8 @@ for n in names:
           f"{spread(col(lambda e, s: e['latency_us']['p99']), '{:.0f}')} | "
           f"{spread(col(lambda e, s: s['latency_us']['p99']), '{:.0f}')} | "
           f"{spread(col(lambda e, s: s['server_queue_us']['p99']), '{:.0f}')} | "
-          f"{spread(col(lambda e, s: s['server_compute_us']['p99']), '{:.0f}')} |")
+          f"{spread(col(lambda e, s: s['server_compute_us']['p99']), '{:.0f}')} | "
+          f"{median_cpu([e for e, _ in runs])} / {median_cpu([s for _, s in runs])} |")
 PY
 if ((PLOT)); then
   echo "run_e2e_bench: results in $OUT_DIR (JSON, tables, PNG plots)" >&2

@@ -57,6 +57,9 @@ Summary Summarize(RunResult& r, int32_t num_layers) {
     s.token_layers_per_s = static_cast<double>(r.stats.token_layers) / r.measured_s;
   }
   if (num_layers > 0) s.tokens_per_s = s.token_layers_per_s / num_layers;
+  if (r.client_cpu_cores >= 0 && s.token_layers_per_s > 0) {
+    s.client_cpu_us_per_token_layer = r.client_cpu_cores * 1e6 / s.token_layers_per_s;
+  }
   for (const auto& [code, n] : r.stats.errors) s.errors_total += n;
   return s;
 }
@@ -81,6 +84,12 @@ void PrintTable(const Config& c, const client::v1::ModelInfo& info, const RunRes
   Row("client latency", s.latency);
   Row("server queue_us", s.queue);
   Row("server compute_us", s.compute);
+  if (s.client_cpu_us_per_token_layer >= 0) {
+    std::printf(
+        "  load generator CPU  %.2f cores, %.1f us per token-layer (all its threads; on a "
+        "host it shares with the server, taken from both)\n",
+        r.client_cpu_cores, s.client_cpu_us_per_token_layer);
+  }
   if (r.not_sent > 0) {
     std::printf(
         "  OVERLOAD: not sent before the end: %lld arrivals, charged their wait so far\n"
@@ -136,6 +145,13 @@ absl::Status WriteJson(const std::string& path, const Config& c, const client::v
   f << absl::StrFormat(
       "  \"calls_per_s\": %.3f,\n  \"token_layers_per_s\": %.3f,\n  \"tokens_per_s\": %.3f,\n",
       s.calls_per_s, s.token_layers_per_s, s.tokens_per_s);
+  if (s.client_cpu_us_per_token_layer >= 0) {
+    f << absl::StrFormat(
+        "  \"client_cpu_cores\": %.6f,\n  \"client_cpu_us_per_token_layer\": %.3f,\n",
+        r.client_cpu_cores, s.client_cpu_us_per_token_layer);
+  } else {
+    f << "  \"client_cpu_cores\": null,\n  \"client_cpu_us_per_token_layer\": null,\n";
+  }
   f << "  \"latency_us\": " << JsonPercentiles(s.latency) << ",\n";
   f << "  \"server_queue_us\": " << JsonPercentiles(s.queue) << ",\n";
   f << "  \"server_compute_us\": " << JsonPercentiles(s.compute) << ",\n";

@@ -16,6 +16,8 @@ struct Summary {
   double calls_per_s = 0, token_layers_per_s = 0;
   double tokens_per_s = 0;   // token-layers/s over the number of layers
   int64_t errors_total = 0;  // failed requests (token-layers), as RunResult::stats.errors
+  // RunResult::client_cpu_cores per token-layer/s, in microseconds; < 0 when unknown.
+  double client_cpu_us_per_token_layer = -1;
 };
 
 // Sorts the samples in `result` (needed by WritePlots afterwards).

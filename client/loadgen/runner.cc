@@ -1,5 +1,7 @@
 #include "client/loadgen/runner.h"
 
+#include <time.h>
+
 #include <random>
 #include <thread>
 
@@ -37,6 +39,13 @@ constexpr auto kStreamCallSlack = std::chrono::milliseconds(100);
 
 int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+// CPU seconds this process has used so far, all threads (CLOCK_PROCESS_CPUTIME_ID).
+double ProcessCpuSeconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 }  // namespace
@@ -90,11 +99,17 @@ RunResult Runner::Run() {
   if (config_.rate > 0) scheduler = std::thread([this] { Scheduler(); });
 
   RunResult result;
-  Clock::time_point stop_time;  // the last check's time: when the run was decided over
+  Clock::time_point stop_time;   // the last check's time: when the run was decided over
+  Clock::time_point cpu_from{};  // the first check in the measured window
+  double cpu_from_s = 0;
   while (true) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const auto now = Clock::now();
     stop_time = now;
+    if (cpu_from == Clock::time_point{} && Measured(now)) {
+      cpu_from = now;
+      cpu_from_s = ProcessCpuSeconds();
+    }
     if (now >= end_ || active_workers_.load() == 0) break;
     if (config_.mode == Mode::kStream) CancelStreams(/*all=*/false);
     const auto since_success = now - Clock::time_point(Clock::duration(last_success_ns_.load()));
@@ -104,6 +119,10 @@ RunResult Runner::Run() {
                                          " s while calls were failing: the server looks down");
       break;
     }
+  }
+  if (cpu_from != Clock::time_point{} && stop_time > cpu_from) {
+    result.client_cpu_cores = (ProcessCpuSeconds() - cpu_from_s) /
+                              std::chrono::duration<double>(stop_time - cpu_from).count();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -35,6 +35,10 @@ struct RunResult {
   std::vector<Sample> not_sent_charged;
   bool aborted = false;
   std::string abort_reason;
+  // This process's CPU time (all its threads) over the measured window, in cores; < 0
+  // when the run ended before the window began. On a host shared with the server it
+  // shows how much of the machine the client itself took.
+  double client_cpu_cores = -1;
 };
 
 class Runner {

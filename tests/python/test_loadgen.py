@@ -63,6 +63,12 @@ class LoadgenTest(unittest.TestCase):
         self.assertIn("request", s["errors_unit"])
         self.assertFalse(s["aborted"])
         self.assertEqual(s["model"]["num_q_heads"], 8)
+        # The load generator's own CPU over the window: some, at most every core it has.
+        cores = s["client_cpu_cores"]
+        self.assertTrue(0 < cores <= (os.cpu_count() or 1) * 1.1, cores)
+        self.assertAlmostEqual(s["client_cpu_us_per_token_layer"],
+                               cores * 1e6 / s["token_layers_per_s"],
+                               delta=1e-3 * s["client_cpu_us_per_token_layer"] + 1e-3)
 
     def echo(self):
         server = ServerProcess([ARGS.echo_server] + SHAPE, listening, name="echo_server")
