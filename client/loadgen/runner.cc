@@ -22,7 +22,7 @@ struct Runner::Worker {
   // The open stream (stream mode). Only the worker replaces it, always under stream_mu,
   // so that the runner can cancel it (CancelStreams) while the worker is blocked in it.
   std::mutex stream_mu;
-  std::unique_ptr<client::DecodeStream> stream;
+  std::unique_ptr<SingleCallStream> stream;
   bool stream_cancelled = false;  // by the runner; guarded by stream_mu
   // Start of the stream call in flight; 0: none. Set by the worker alone; reset by it
   // under stream_mu once the call returned, which is how it claims the call back from
@@ -32,9 +32,9 @@ struct Runner::Worker {
 
 namespace {
 
-// A stream call's Receive waits --timeout_ms after its Send; the runner cancels a call
-// only a little later, so that a slow answer fails through Receive's own timeout and
-// only a Send stuck in Write (which has no deadline) needs the cancel.
+// A stream call has no deadline of its own (SingleCallStream): the runner cancels its
+// stream once the call has taken --timeout_ms and this slack, which ends a slow answer's
+// Read and a Send stuck in Write (the server not reading) alike.
 constexpr auto kStreamCallSlack = std::chrono::milliseconds(100);
 
 int64_t Micros(Clock::duration d) {
@@ -57,8 +57,8 @@ Runner::Runner(const Config& config,
 
 Runner::~Runner() = default;
 
-void Runner::ReplaceStream(Worker* w, std::unique_ptr<client::DecodeStream> s) {
-  std::unique_ptr<client::DecodeStream> old;  // destroyed after the unlock: it joins a thread
+void Runner::ReplaceStream(Worker* w, std::unique_ptr<SingleCallStream> s) {
+  std::unique_ptr<SingleCallStream> old;  // destroyed after the unlock: it finishes the call
   std::lock_guard<std::mutex> lock(w->stream_mu);
   old = std::move(w->stream);
   w->stream = std::move(s);
@@ -152,8 +152,8 @@ RunResult Runner::Run() {
 void Runner::StopWorkers(std::vector<std::thread>& threads, bool abort) {
   // A down server is not waited for.
   if (abort) CancelStreams(/*all=*/true);
-  // Calls in flight end within --timeout_ms: unary and batch calls by their deadline, a
-  // stream's Receive by its timeout, a stream's Send blocked in Write by CancelStreams.
+  // Calls in flight end within --timeout_ms: unary and batch calls by their deadline,
+  // stream calls by CancelStreams.
   // Past that something is stuck: cancel every stream, so that the joins return.
   const auto give_up = Clock::now() + std::chrono::milliseconds(config_.timeout_ms) +
                        kStreamCallSlack + std::chrono::seconds(1);
@@ -272,12 +272,12 @@ void Runner::RecordError(Worker* w, Clock::time_point intended, const absl::Stat
 
 absl::StatusOr<client::DecodeOutput> Runner::StreamCall(Worker* w) {
   if (!w->stream) {
-    auto s = w->client->OpenStream();
+    auto s = SingleCallStream::Open(w->client);
     if (!s.ok()) return s.status();
     ReplaceStream(w, *std::move(s));
   }
   w->stream_call_ns = Clock::now().time_since_epoch().count();
-  auto r = w->stream->Call(w->inputs[0], std::chrono::milliseconds(config_.timeout_ms));
+  auto r = w->stream->Call(w->inputs[0]);
   if (after_stream_call_for_test_) after_stream_call_for_test_();
   bool cancelled;
   {
@@ -288,8 +288,8 @@ absl::StatusOr<client::DecodeOutput> Runner::StreamCall(Worker* w) {
     cancelled = w->stream_cancelled;
   }
   if (r.ok()) {
-    // Answered in time for its Receive, though the stream was cancelled (the Send was
-    // slow, or the run is ending): the answer counts, the stream is of no further use.
+    // Answered, though the stream was cancelled meanwhile (the call was slow, or the
+    // run is ending): the answer counts, the stream is of no further use.
     if (cancelled) ReplaceStream(w, nullptr);
     return r;
   }

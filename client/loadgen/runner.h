@@ -16,6 +16,7 @@
 
 #include "client/decode_client.h"
 #include "client/loadgen/config.h"
+#include "client/loadgen/single_call_stream.h"
 #include "client/loadgen/stats.h"
 #include "client/loadgen/workload.h"
 
@@ -62,7 +63,7 @@ class Runner {
   void Execute(Worker* w, Clock::time_point intended);
   absl::StatusOr<client::DecodeOutput> StreamCall(Worker* w);
   // Installs `s` as the worker's stream (nullptr: none).
-  void ReplaceStream(Worker* w, std::unique_ptr<client::DecodeStream> s);
+  void ReplaceStream(Worker* w, std::unique_ptr<SingleCallStream> s);
   // Cancels the workers' streams: with `all`, every one (and any opened later); else
   // those whose current call has outlived --timeout_ms.
   void CancelStreams(bool all);
