@@ -3,6 +3,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include "bench/e2e/echo_service.h"
 #include "client/decode_client.h"
 #include "client/tests/never_read_service.h"
+#include "client/tests/test_server.h"
 
 namespace sds::client {
 namespace {
@@ -85,22 +87,14 @@ TEST(TensorCodec, ParsesErrorsAndLse) {
 class EchoTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    v1::ModelInfo info;
-    info.set_num_layers(2);
-    info.set_num_q_heads(kShape.num_q_heads);
-    info.set_num_kv_heads(kShape.num_kv_heads);
-    info.set_head_dim(kShape.head_dim);
-    service_ = std::make_unique<bench::EchoService>(info);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
+    service_ = std::make_unique<bench::EchoService>(client_test::ModelInfoOf(kShape, 2));
+    std::string target;
+    server_ = client_test::StartTestServer(service_.get(), &target);
+    ASSERT_NE(server_, nullptr);
     ClientOptions opts;
     opts.tenant_id = "tenant-a";
     opts.bearer_token = "secret";
-    client_ = DecodeClient::Connect("127.0.0.1:" + std::to_string(port), opts);
+    client_ = DecodeClient::Connect(target, opts);
   }
   void TearDown() override { server_->Shutdown(std::chrono::system_clock::now()); }
 
@@ -178,15 +172,13 @@ class MetadataService final : public v1::DecodeService::CallbackService {
 
 TEST(Metadata, TenantAndBearerAreSent) {
   MetadataService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
+  std::string target;
+  auto server = client_test::StartTestServer(&service, &target);
+  ASSERT_NE(server, nullptr);
   ClientOptions opts;
   opts.tenant_id = "tenant-a";
   opts.bearer_token = "secret";
-  auto client = DecodeClient::Connect("127.0.0.1:" + std::to_string(port), opts);
+  auto client = DecodeClient::Connect(target, opts);
   ASSERT_TRUE(client->GetModelInfo().ok());
   EXPECT_EQ(service.seen["x-tenant-id"], "tenant-a");
   EXPECT_EQ(service.seen["authorization"], "Bearer secret");
@@ -195,16 +187,12 @@ TEST(Metadata, TenantAndBearerAreSent) {
 
 TEST(Deadlines, CancelEndsASendBlockedInWrite) {
   client_test::NeverReadService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(-1);
-  // HTTP/2's 64 KiB windows, not the MBs of gRPC's BDP probing: the Write below blocks.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16384);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  auto client = DecodeClient::Connect("127.0.0.1:" + std::to_string(port));
+  std::string target;
+  // Small windows: the Write below blocks.
+  auto server =
+      client_test::StartTestServer(&service, &target, client_test::SmallFlowControlWindows);
+  ASSERT_NE(server, nullptr);
+  auto client = DecodeClient::Connect(target);
   const Shape big{32, 4, 1024};  // ~150 KB requests
   client->SetShape(big);
   DecodeInput in;

@@ -15,6 +15,7 @@
 #include "client/loadgen/runner.h"
 #include "client/loadgen/workload.h"
 #include "client/tests/never_read_service.h"
+#include "client/tests/test_server.h"
 
 namespace sds::loadgen {
 namespace {
@@ -22,14 +23,7 @@ namespace {
 namespace v1 = ::sparse_decode::v1;
 using Clock = std::chrono::steady_clock;
 
-v1::ModelInfo Info(const client::Shape& shape) {
-  v1::ModelInfo info;
-  info.set_num_layers(2);
-  info.set_num_q_heads(shape.num_q_heads);
-  info.set_num_kv_heads(shape.num_kv_heads);
-  info.set_head_dim(shape.head_dim);
-  return info;
-}
+v1::ModelInfo Info(const client::Shape& shape) { return client_test::ModelInfoOf(shape, 2); }
 
 // Decode fails (UNAVAILABLE) during the first `fail_for` after the first call, then
 // answers like the echo server; DecodeBatch always fails as a whole.
@@ -90,20 +84,11 @@ class CountingEchoService final : public v1::DecodeService::CallbackService {
 class RunnerTest : public ::testing::Test {
  protected:
   void Start(grpc::Service* service, const client::Shape& shape, bool small_windows = false) {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.SetMaxReceiveMessageSize(-1);
-    if (small_windows) {
-      // The HTTP/2 default (64 KiB) instead of the several MB of gRPC's BDP probing: a
-      // server short of memory does the same (gRPC's resource quota).
-      builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-      builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16384);
-    }
-    builder.RegisterService(service);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    config_.target = "127.0.0.1:" + std::to_string(port);
+    server_ =
+        client_test::StartTestServer(service, &config_.target,
+                                     small_windows ? client_test::SmallFlowControlWindows
+                                                   : std::function<void(grpc::ServerBuilder&)>{});
+    ASSERT_NE(server_, nullptr);
     config_.prefill_len = 64;
     config_.topk = 64;
     config_.stall_s = 60;  // these tests look at what is counted, not at the abort

@@ -13,6 +13,7 @@
 #include "bench/e2e/echo_service.h"
 #include "client/decode_client.h"
 #include "client/loadgen/single_call_stream.h"
+#include "client/tests/test_server.h"
 
 namespace sds::loadgen {
 namespace {
@@ -20,15 +21,6 @@ namespace {
 namespace v1 = ::sparse_decode::v1;
 
 constexpr client::Shape kShape{4, 2, 8};
-
-v1::ModelInfo Info() {
-  v1::ModelInfo info;
-  info.set_num_layers(1);
-  info.set_num_q_heads(kShape.num_q_heads);
-  info.set_num_kv_heads(kShape.num_kv_heads);
-  info.set_head_dim(kShape.head_dim);
-  return info;
-}
 
 // Answers every DecodeStream request like the echo server, under `id_offset` + its id;
 // with `silent`, reads requests and never answers.
@@ -58,7 +50,7 @@ class StreamService final : public v1::DecodeService::CallbackService {
 
  public:
   StreamService(uint64_t id_offset, bool silent)
-      : echo_(Info()), id_offset_(id_offset), silent_(silent) {}
+      : echo_(client_test::ModelInfoOf(kShape, 1)), id_offset_(id_offset), silent_(silent) {}
   grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
       grpc::CallbackServerContext*) override {
     return new Reactor(this);
@@ -74,13 +66,10 @@ class SingleCallStreamTest : public ::testing::Test {
  protected:
   void Start(uint64_t id_offset, bool silent = false) {
     service_ = std::make_unique<StreamService>(id_offset, silent);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    client_ = client::DecodeClient::Connect("127.0.0.1:" + std::to_string(port));
+    std::string target;
+    server_ = client_test::StartTestServer(service_.get(), &target);
+    ASSERT_NE(server_, nullptr);
+    client_ = client::DecodeClient::Connect(target);
     client_->SetShape(kShape);
   }
   void TearDown() override {
