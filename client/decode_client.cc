@@ -35,6 +35,14 @@ void DecodeClient::PrepareContext(grpc::ClientContext* ctx, const CallOptions& c
   }
 }
 
+std::unique_ptr<grpc::ClientContext> DecodeClient::StreamContext(const CallOptions& call) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  CallOptions c = call;
+  if (!c.timeout) c.timeout = std::chrono::milliseconds(0);
+  PrepareContext(ctx.get(), c);
+  return ctx;
+}
+
 absl::StatusOr<v1::ModelInfo> DecodeClient::GetModelInfo(const CallOptions& call) {
   grpc::ClientContext ctx;
   PrepareContext(&ctx, call);
@@ -173,14 +181,8 @@ absl::StatusOr<std::vector<absl::StatusOr<DecodeOutput>>> DecodeClient::DecodeBa
 absl::StatusOr<std::unique_ptr<DecodeStream>> DecodeClient::OpenStream(const CallOptions& call) {
   auto shape = GetShape();
   if (!shape.ok()) return shape.status();
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  // A stream lives across many calls: no deadline unless the caller asks for one. Each
-  // Receive has its own timeout; a Send blocked in Write is ended by Cancel() (or by
-  // keepalive when the peer is gone).
-  CallOptions c = call;
-  if (!c.timeout) c.timeout = std::chrono::milliseconds(0);
-  PrepareContext(ctx.get(), c);
-  return std::unique_ptr<DecodeStream>(new DecodeStream(*shape, std::move(ctx), stub_.get()));
+  // Each Receive has its own timeout.
+  return std::unique_ptr<DecodeStream>(new DecodeStream(*shape, StreamContext(call), stub_.get()));
 }
 
 }  // namespace sds::client

@@ -130,6 +130,10 @@ class DecodeClient {
   v1::DecodeService::Stub* stub() { return stub_.get(); }
   // Applies deadline and metadata to a fresh context (for callers using stub()).
   void PrepareContext(grpc::ClientContext* ctx, const CallOptions& call) const;
+  // A context for a DecodeStream, which lives across many calls: no deadline unless
+  // `call.timeout` asks for one (a Send blocked in Write is ended by a cancel, or by
+  // keepalive when the peer is gone).
+  std::unique_ptr<grpc::ClientContext> StreamContext(const CallOptions& call = {}) const;
 
  private:
   std::shared_ptr<grpc::Channel> channel_;

@@ -243,7 +243,7 @@ class Batcher {
   std::atomic<int> batches_in_flight_{0};  // decode batches handed to the executor, not done
   // SpinThenWait's `events`, bumped under the mutex of the state they announce, on their
   // own cache lines (the spinning thread reads them in a loop): queue_events_ when an
-  // entry is pushed or the batcher stops (queue_mu_), pipe_events_ when ready_,
+  // entry is pushed or the batcher drains or stops (queue_mu_), pipe_events_ when ready_,
   // running_ or assembler_done_ change (pipe_mu_).
   alignas(64) std::atomic<uint64_t> queue_events_{0};
   alignas(64) std::atomic<uint64_t> pipe_events_{0};

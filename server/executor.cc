@@ -19,6 +19,14 @@ int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
+// The cache's slots of a batch's or prefill's new tokens: scratch per thread (batches
+// may run on several executor threads at once), kept for its capacity: no allocation
+// per unit.
+std::vector<int64_t>& SlotScratch() {
+  thread_local std::vector<int64_t> slots;
+  return slots;
+}
+
 }  // namespace
 
 Executor::Executor(Backend* backend, Metrics* metrics, const ModelShape& model)
@@ -108,9 +116,8 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   PagedKvCache& cache = backend_->cache();
   const int32_t n = static_cast<int32_t>(items.size());
   std::vector<int32_t> row_of(n, -1);  // staging row after compaction
-  // Scratch per thread (batches may run on several executor threads at once), kept for
-  // its capacity: no allocation per batch.
-  thread_local std::vector<int64_t> slots;
+  std::vector<int64_t>& slots = SlotScratch();
+  // Scratch per thread, as SlotScratch.
   thread_local std::vector<int32_t> pages;
 
   // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
@@ -227,7 +234,8 @@ absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
   }
   PagedKvCache& cache = backend_->cache();
   const int64_t n = req.k().shape(0);
-  absl::Status s = cache.PrepareWrite(work.key, req.layer(), req.start_position(), n, &slots_);
+  std::vector<int64_t>& slots = SlotScratch();
+  absl::Status s = cache.PrepareWrite(work.key, req.layer(), req.start_position(), n, &slots);
   if (!s.ok()) return s;
   const int64_t row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
   const char* k_bytes = req.k().data().data();
@@ -238,7 +246,7 @@ absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
     std::memcpy(append_k_, k_bytes + begin * row * 2, count * row * 2);
     std::memcpy(append_v_, v_bytes + begin * row * 2, count * row * 2);
     std::fill_n(append_layer_, count, req.layer());
-    std::memcpy(append_slot_, slots_.data() + begin, count * sizeof(int64_t));
+    std::memcpy(append_slot_, slots.data() + begin, count * sizeof(int64_t));
     BatchWork work_item;
     work_item.append.num_tokens = static_cast<int32_t>(count);
     work_item.append.k_new = append_k_;

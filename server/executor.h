@@ -76,7 +76,6 @@ class Executor {
   uint16_t* append_v_ = nullptr;
   int32_t* append_layer_ = nullptr;
   int64_t* append_slot_ = nullptr;
-  std::vector<int64_t> slots_;  // RunAppend's scratch (a prefill runs alone)
 };
 
 }  // namespace sds::server

@@ -10,13 +10,9 @@ absl::StatusOr<std::unique_ptr<SingleCallStream>> SingleCallStream::Open(
     client::DecodeClient* client) {
   auto shape = client->GetShape();
   if (!shape.ok()) return shape.status();
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  // A stream lives across many calls: no deadline (a call's is the runner's canceller).
-  client::CallOptions call;
-  call.timeout = std::chrono::milliseconds(0);
-  client->PrepareContext(ctx.get(), call);
+  // No deadline: a call's is the runner's canceller.
   return std::unique_ptr<SingleCallStream>(
-      new SingleCallStream(*shape, std::move(ctx), client->stub()));
+      new SingleCallStream(*shape, client->StreamContext(), client->stub()));
 }
 
 SingleCallStream::SingleCallStream(client::Shape shape, std::unique_ptr<grpc::ClientContext> ctx,
