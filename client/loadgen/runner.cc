@@ -2,6 +2,9 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -22,7 +25,8 @@ struct Runner::Worker {
   // The open stream (stream mode). Only the worker replaces it, always under stream_mu,
   // so that the runner can cancel it (CancelStreams) while the worker is blocked in it.
   std::mutex stream_mu;
-  std::unique_ptr<SingleCallStream> stream;
+  ReactorStream::Ptr stream;
+  Clock::time_point intended;     // of the stream call in flight
   bool stream_cancelled = false;  // by the runner; guarded by stream_mu
   // Start of the stream call in flight; 0: none. Set by the worker alone; reset by it
   // under stream_mu once the call returned, which is how it claims the call back from
@@ -32,9 +36,9 @@ struct Runner::Worker {
 
 namespace {
 
-// A stream call has no deadline of its own (SingleCallStream): the runner cancels its
+// A stream call has no deadline of its own (ReactorStream): the runner cancels its
 // stream once the call has taken --timeout_ms and this slack, which ends a slow answer's
-// Read and a Send stuck in Write (the server not reading) alike.
+// read and a write the server does not take alike.
 constexpr auto kStreamCallSlack = std::chrono::milliseconds(100);
 
 int64_t Micros(Clock::duration d) {
@@ -55,10 +59,18 @@ Runner::Runner(const Config& config,
                const Workload& workload)
     : config_(config), clients_(clients), workload_(workload) {}
 
-Runner::~Runner() = default;
+Runner::~Runner() {
+  // gRPC ends a released stream soon (it is cancelled); its reactor must not outlive
+  // streams_ (nor the clients' channels).
+  for (auto& w : workers_) ReplaceStream(w.get(), nullptr);
+  if (!streams_.WaitUntilNoneLive(Clock::now() + std::chrono::seconds(30))) {
+    std::fprintf(stderr, "decode_loadgen: DecodeStream calls still open 30 s after their cancel\n");
+    std::abort();
+  }
+}
 
-void Runner::ReplaceStream(Worker* w, std::unique_ptr<SingleCallStream> s) {
-  std::unique_ptr<SingleCallStream> old;  // destroyed after the unlock: it finishes the call
+void Runner::ReplaceStream(Worker* w, ReactorStream::Ptr s) {
+  ReactorStream::Ptr old;  // released after the unlock: it cancels the call
   std::lock_guard<std::mutex> lock(w->stream_mu);
   old = std::move(w->stream);
   w->stream = std::move(s);
@@ -93,17 +105,29 @@ RunResult Runner::Run() {
     w.inputs.resize(per);
   }
   active_workers_ = config_.concurrency;
+  const bool streams = config_.mode == Mode::kStream;
   std::vector<std::thread> threads;
-  for (auto& w : workers_) threads.emplace_back([this, w = w.get()] { WorkerLoop(w); });
+  if (!streams) {
+    for (auto& w : workers_) threads.emplace_back([this, w = w.get()] { WorkerLoop(w); });
+  }
   std::thread scheduler;
   if (config_.rate > 0) scheduler = std::thread([this] { Scheduler(); });
+  if (streams) {
+    for (auto& w : workers_) StreamNext(w.get());
+  }
 
   RunResult result;
   Clock::time_point stop_time;   // the last check's time: when the run was decided over
   Clock::time_point cpu_from{};  // the first check in the measured window
   double cpu_from_s = 0;
   while (true) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    {
+      // Every 20 ms, or at the end of the first stream worker's back-off.
+      std::unique_lock<std::mutex> lock(mu_);
+      auto wake = Clock::now() + std::chrono::milliseconds(20);
+      for (const auto& b : backing_off_) wake = std::min(wake, b.first);
+      backoff_cv_.wait_until(lock, wake);
+    }
     const auto now = Clock::now();
     stop_time = now;
     if (cpu_from == Clock::time_point{} && Measured(now)) {
@@ -111,7 +135,10 @@ RunResult Runner::Run() {
       cpu_from_s = ProcessCpuSeconds();
     }
     if (now >= end_ || active_workers_.load() == 0) break;
-    if (config_.mode == Mode::kStream) CancelStreams(/*all=*/false);
+    if (streams) {
+      for (Worker* w : DueBackOffs(now)) StreamNext(w);
+      CancelStreams(/*all=*/false);
+    }
     const auto since_success = now - Clock::time_point(Clock::duration(last_success_ns_.load()));
     if (errors_.load() > 0 && since_success > secs(config_.stall_s)) {
       result.aborted = true;
@@ -150,6 +177,7 @@ RunResult Runner::Run() {
 }
 
 void Runner::StopWorkers(std::vector<std::thread>& threads, bool abort) {
+  if (config_.mode == Mode::kStream) FinishWaitingStreamWorkers();
   // A down server is not waited for.
   if (abort) CancelStreams(/*all=*/true);
   // Calls in flight end within --timeout_ms: unary and batch calls by their deadline,
@@ -166,6 +194,8 @@ void Runner::StopWorkers(std::vector<std::thread>& threads, bool abort) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   for (auto& t : threads) t.join();
+  // Stream workers have no thread to join: their cancelled calls end on gRPC's threads.
+  while (active_workers_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void Runner::CancelStreams(bool all) {
@@ -199,18 +229,30 @@ void Runner::Scheduler() {
     // Once stopped, arrivals due by the stop that this thread had not queued yet (it
     // wakes late) are still queued: they were not sent either, and count as such.
     if (stop_.load() && t > stop_time_) break;
+    Worker* idle = nullptr;  // a stream worker waiting for this arrival
     {
       std::lock_guard<std::mutex> lock(mu_);
       tickets_.push_back(t);
+      if (!idle_.empty()) {
+        idle = idle_.back();
+        idle_.pop_back();
+      }
     }
     ++n;
-    cv_.notify_one();
+    if (idle != nullptr) {
+      StreamNext(idle);
+    } else {
+      cv_.notify_one();
+    }
   }
+  std::vector<Worker*> idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     generation_done_ = true;
+    idle.swap(idle_);
   }
   cv_.notify_all();
+  for (Worker* w : idle) StreamNext(w);  // the arrivals left, then the end
 }
 
 bool Runner::NextTicket(Clock::time_point* intended) {
@@ -270,19 +312,80 @@ void Runner::RecordError(Worker* w, Clock::time_point intended, const absl::Stat
   w->stats.AddError(absl::StatusCodeToString(s.code()), std::string(s.message()), requests);
 }
 
-absl::StatusOr<client::DecodeOutput> Runner::StreamCall(Worker* w) {
+Runner::Ticket Runner::TakeStreamTicket(Worker* w, Clock::time_point* intended) {
+  if (config_.rate <= 0) {
+    if (stop_.load()) return Ticket::kDone;
+    if (config_.requests > 0 && issued_.fetch_add(1) >= config_.requests) return Ticket::kDone;
+    *intended = Clock::now();
+    return Ticket::kGot;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_.load()) return Ticket::kDone;
+  if (!tickets_.empty()) {
+    *intended = tickets_.front();
+    tickets_.pop_front();
+    return Ticket::kGot;
+  }
+  if (generation_done_) return Ticket::kDone;
+  idle_.push_back(w);  // the scheduler's next arrival goes on with it
+  return Ticket::kIdle;
+}
+
+void Runner::StreamNext(Worker* w) {
+  Clock::time_point intended;
+  switch (TakeStreamTicket(w, &intended)) {
+    case Ticket::kGot:
+      return StreamIssue(w, intended);
+    case Ticket::kIdle:
+      return;
+    case Ticket::kDone:
+      return FinishStreamWorker(w);
+  }
+}
+
+void Runner::FinishStreamWorker(Worker* w) {
+  ReplaceStream(w, nullptr);
+  --active_workers_;  // last: Run may merge the worker's stats from here on
+}
+
+void Runner::StreamIssue(Worker* w, Clock::time_point intended) {
+  w->intended = intended;
+  workload_.FillDecode(w->seqs[0], w->cursors[0], w->rng, &w->inputs[0]);
   if (!w->stream) {
-    auto s = SingleCallStream::Open(w->client);
-    if (!s.ok()) return s.status();
+    auto s = ReactorStream::Open(w->client, &streams_);
+    if (!s.ok()) {
+      w->call_end = Clock::now();
+      RecordError(w, intended, s.status());
+      return StreamBackOff(w);
+    }
     ReplaceStream(w, *std::move(s));
   }
   w->stream_call_ns = Clock::now().time_since_epoch().count();
-  auto r = w->stream->Call(w->inputs[0]);
+  // The answer comes on a gRPC thread, or at once when the call fails before it is sent.
+  w->stream->Call(w->inputs[0], [this, w](absl::StatusOr<client::DecodeOutput> r) {
+    StreamAnswered(w, std::move(r));
+  });
+}
+
+void Runner::StreamAnswered(Worker* w, absl::StatusOr<client::DecodeOutput> r) {
   if (after_stream_call_for_test_) after_stream_call_for_test_();
+  r = ClaimStreamCall(w, std::move(r));
+  w->call_end = Clock::now();
+  if (!r.ok()) {
+    RecordError(w, w->intended, r.status());
+    return StreamBackOff(w);
+  }
+  RecordSuccess(w, w->intended, r->batch, true);
+  workload_.Advance(&w->cursors[0]);
+  StreamNext(w);
+}
+
+absl::StatusOr<client::DecodeOutput> Runner::ClaimStreamCall(
+    Worker* w, absl::StatusOr<client::DecodeOutput> r) {
   bool cancelled;
   {
     // Claims the call back: from here CancelStreams sees no call in flight, and before
-    // here it may have cancelled the stream, even after the call returned.
+    // here it may have cancelled the stream, even after the answer arrived.
     std::lock_guard<std::mutex> lock(w->stream_mu);
     w->stream_call_ns = 0;
     cancelled = w->stream_cancelled;
@@ -302,10 +405,51 @@ absl::StatusOr<client::DecodeOutput> Runner::StreamCall(Worker* w) {
     return absl::DeadlineExceededError(
         absl::StrCat(cancel_all_streams_.load() ? "stream call cut off at the end of the run"
                                                 : "stream call not done within --timeout_ms",
-                     " (a Send blocks when the server does not read); stream cancelled: ",
+                     " (a write waits while the server does not read); stream cancelled: ",
                      r.status().ToString()));
   }
   return r;
+}
+
+void Runner::StreamBackOff(Worker* w) {
+  // Back off a failing server a little, as the threads of the other modes do; a dead one
+  // then costs no CPU.
+  const int shift = std::min(w->consecutive_errors, 7);
+  const auto due = Clock::now() + std::chrono::milliseconds(1 << shift);
+  bool stopped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped = stop_.load();
+    if (!stopped) backing_off_.emplace_back(due, w);
+  }
+  if (stopped) return StreamNext(w);  // its end
+  backoff_cv_.notify_one();
+}
+
+std::vector<Runner::Worker*> Runner::DueBackOffs(Clock::time_point now) {
+  std::vector<Worker*> due;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < backing_off_.size();) {
+    if (backing_off_[i].first <= now) {
+      due.push_back(backing_off_[i].second);
+      backing_off_[i] = backing_off_.back();
+      backing_off_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  return due;
+}
+
+void Runner::FinishWaitingStreamWorkers() {
+  std::vector<Worker*> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // stop_ is set: none is added from here on
+    waiting.swap(idle_);
+    for (const auto& b : backing_off_) waiting.push_back(b.second);
+    backing_off_.clear();
+  }
+  for (Worker* w : waiting) FinishStreamWorker(w);
 }
 
 void Runner::Execute(Worker* w, Clock::time_point intended) {
@@ -331,8 +475,7 @@ void Runner::Execute(Worker* w, Clock::time_point intended) {
     }
     return;
   }
-  absl::StatusOr<client::DecodeOutput> r =
-      config_.mode == Mode::kUnary ? w->client->Decode(w->inputs[0], call) : StreamCall(w);
+  absl::StatusOr<client::DecodeOutput> r = w->client->Decode(w->inputs[0], call);
   w->call_end = Clock::now();
   if (!r.ok()) return RecordError(w, intended, r.status());
   RecordSuccess(w, intended, r->batch, true);

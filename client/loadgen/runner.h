@@ -2,6 +2,10 @@
 // arrivals; latency from each call's intended send time, so a slow server cannot hide
 // its queueing: no coordinated omission). Arrivals still unsent when the run stops are
 // charged their wait so far, for the same reason.
+// Unary and DecodeBatch workers are threads (the synchronous API); stream workers have
+// no thread: each drives a ReactorStream, and issues its next call from the callback
+// that delivered the last answer (on a gRPC thread), or from the scheduler thread when
+// an open loop's arrival finds it idle, or from Run's thread after an error's back-off.
 #pragma once
 
 #include <atomic>
@@ -16,7 +20,7 @@
 
 #include "client/decode_client.h"
 #include "client/loadgen/config.h"
-#include "client/loadgen/single_call_stream.h"
+#include "client/loadgen/reactor_stream.h"
 #include "client/loadgen/stats.h"
 #include "client/loadgen/workload.h"
 
@@ -49,7 +53,7 @@ class Runner {
   ~Runner();
   RunResult Run();
 
-  // Test seam: called by a worker right after each stream call returns, before it
+  // Test seam: called right after each stream call's answer arrives, before the worker
   // claims the call back from the stream canceller. Set before Run.
   void SetAfterStreamCallForTest(std::function<void()> hook) {
     after_stream_call_for_test_ = std::move(hook);
@@ -61,14 +65,32 @@ class Runner {
   void Scheduler();
   bool NextTicket(Clock::time_point* intended);
   void Execute(Worker* w, Clock::time_point intended);
-  absl::StatusOr<client::DecodeOutput> StreamCall(Worker* w);
+  // Stream workers (no thread): the worker's next call, or its end when the run has no
+  // more for it; in an open loop with no arrival due it waits in idle_.
+  void StreamNext(Worker* w);
+  enum class Ticket { kGot, kIdle, kDone };
+  Ticket TakeStreamTicket(Worker* w, Clock::time_point* intended);
+  void StreamIssue(Worker* w, Clock::time_point intended);
+  void StreamAnswered(Worker* w, absl::StatusOr<client::DecodeOutput> r);
+  // The stream call's result once claimed back from CancelStreams (as the worker's
+  // error when the stream was cancelled), replacing a stream of no further use.
+  absl::StatusOr<client::DecodeOutput> ClaimStreamCall(Worker* w,
+                                                       absl::StatusOr<client::DecodeOutput> r);
+  // After a failed call: StreamNext once the back-off has passed (Run's loop issues it).
+  void StreamBackOff(Worker* w);
+  void FinishStreamWorker(Worker* w);
+  // Stream workers due after their back-off, for Run's loop to go on with.
+  std::vector<Worker*> DueBackOffs(Clock::time_point now);
+  // Stops stream workers that wait (idle or backing off): the run is over for them.
+  void FinishWaitingStreamWorkers();
   // Installs `s` as the worker's stream (nullptr: none).
-  void ReplaceStream(Worker* w, std::unique_ptr<SingleCallStream> s);
+  void ReplaceStream(Worker* w, ReactorStream::Ptr s);
   // Cancels the workers' streams: with `all`, every one (and any opened later); else
   // those whose current call has outlived --timeout_ms.
   void CancelStreams(bool all);
-  // Stops the workers and joins them; `abort`: cancel their streams at once, else let
-  // the calls in flight end (each within its timeout) first.
+  // Stops the workers and joins them (stream workers: waits for them to finish);
+  // `abort`: cancel their streams at once, else let the calls in flight end (each within
+  // its timeout) first.
   void StopWorkers(std::vector<std::thread>& threads, bool abort);
   void RecordSuccess(Worker* w, Clock::time_point intended, const client::BatchStats& b,
                      bool first_of_call);
@@ -80,6 +102,9 @@ class Runner {
   const Config& config_;
   const std::vector<std::unique_ptr<client::DecodeClient>>& clients_;
   const Workload& workload_;
+  // The workers' streams; declared before the workers, so destroyed after them (and
+  // ~Runner waits for the streams to end first).
+  ReactorStream::Group streams_;
   std::vector<std::unique_ptr<Worker>> workers_;
   Clock::time_point t0_, measure_start_, end_;
   Clock::time_point stop_time_;  // set (under mu_) before stop_
@@ -94,6 +119,10 @@ class Runner {
   std::condition_variable cv_;
   std::deque<Clock::time_point> tickets_;
   bool generation_done_ = false;
+  // Stream workers waiting for an open loop's arrival, and backing off (guarded by mu_).
+  std::vector<Worker*> idle_;
+  std::vector<std::pair<Clock::time_point, Worker*>> backing_off_;
+  std::condition_variable backoff_cv_;  // Run's loop waits on it for the next back-off's end
   std::function<void()> after_stream_call_for_test_;
 };
 

@@ -1,5 +1,6 @@
 // decode_loadgen's Runner against in-process fake servers: what it counts as an error,
 // and that stopping cannot hang on a stream the server does not read.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -168,6 +169,67 @@ TEST_F(RunnerTest, StreamCancelledAfterItsCallSucceededIsReplacedWithoutAnError)
       << r.stats.errors.begin()->first << ": " << r.stats.error_examples.begin()->second;
   EXPECT_GT(r.stats.calls.size(), 1u);
   EXPECT_GE(service.streams_.load(), 2) << "the first stream was not cancelled and replaced";
+}
+
+// Stream workers have no thread: an open loop's arrival finds an idle worker and the
+// scheduler issues its call. Every arrival is sent and answered.
+TEST_F(RunnerTest, OpenLoopStreamsSendEveryArrival) {
+  const client::Shape shape{8, 2, 16};
+  CountingEchoService service(Info(shape));
+  config_.mode = Mode::kStream;
+  config_.mode_name = "stream";
+  config_.concurrency = 4;
+  config_.rate = 400;
+  config_.requests = 60;
+  config_.warmup_s = 0;
+  config_.duration_s = 0;
+  Start(&service, shape);
+  Clock::duration took;
+  RunResult r = RunWithin(std::chrono::seconds(20), &took);
+  EXPECT_TRUE(r.stats.errors.empty()) << r.stats.errors.begin()->first;
+  EXPECT_EQ(r.stats.calls.size(), 60u);
+  EXPECT_EQ(r.not_sent, 0);
+  EXPECT_LE(service.streams_.load(), 4);
+  // Sent when due, not when the generation ended (60 arrivals at 400/s: ~150 ms).
+  int64_t worst_us = 0;
+  for (const Sample& c : r.stats.calls) worst_us = std::max(worst_us, c.latency_us);
+  EXPECT_LT(worst_us, 100000);
+}
+
+TEST_F(RunnerTest, ClosedLoopStreamsStopAtTheRequestBound) {
+  const client::Shape shape{8, 2, 16};
+  CountingEchoService service(Info(shape));
+  config_.mode = Mode::kStream;
+  config_.mode_name = "stream";
+  config_.concurrency = 3;
+  config_.requests = 7;
+  config_.warmup_s = 0;
+  config_.duration_s = 0;
+  Start(&service, shape);
+  Clock::duration took;
+  RunResult r = RunWithin(std::chrono::seconds(20), &took);
+  EXPECT_TRUE(r.stats.errors.empty()) << r.stats.errors.begin()->first;
+  EXPECT_EQ(r.stats.calls.size(), 7u);
+}
+
+// A server without DecodeStream fails every stream at once: each worker backs off
+// (2, 4, ... 128 ms) instead of spinning, and the errors are counted.
+TEST_F(RunnerTest, FailingStreamsBackOff) {
+  const client::Shape shape{8, 2, 16};
+  FlakyService service(Info(shape), std::chrono::milliseconds(0));  // no DecodeStream
+  config_.mode = Mode::kStream;
+  config_.mode_name = "stream";
+  config_.concurrency = 2;
+  config_.warmup_s = 0;
+  config_.duration_s = 0.6;
+  Start(&service, shape);
+  Clock::duration took;
+  RunResult r = RunWithin(std::chrono::seconds(20), &took);
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_TRUE(r.stats.calls.empty());
+  const int64_t errors = r.stats.errors["UNIMPLEMENTED"];
+  EXPECT_GE(errors, 2 * 4);   // 2+4+8+16+32+64+128 ms: 7 failures per worker in 254 ms
+  EXPECT_LE(errors, 2 * 14);  // without the back-off, thousands
 }
 
 TEST_F(RunnerTest, WarmUpErrorsAreNotCounted) {
