@@ -5,6 +5,9 @@
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "decode server host:port");
 ABSL_FLAG(std::string, mode, "unary", "unary | batch | stream");
+ABSL_FLAG(std::string, stream_api, "auto",
+          "--mode=stream: sync (a thread per stream), callback (gRPC's callback API, no "
+          "thread per stream) or auto (sync up to 4 streams, else callback)");
 ABSL_FLAG(int32_t, concurrency, 1,
           "closed loop: concurrent callers; open loop: most calls in flight");
 ABSL_FLAG(double, rate, 0, "open loop: Poisson arrivals per second (calls); 0 = closed loop");
@@ -55,6 +58,17 @@ absl::StatusOr<Config> ConfigFromFlags() {
         absl::StrCat("--mode=", c.mode_name, ": use unary, batch or stream"));
   }
   c.concurrency = absl::GetFlag(FLAGS_concurrency);
+  const std::string api = absl::GetFlag(FLAGS_stream_api);
+  if (api == "sync" || (api == "auto" && c.concurrency <= kSyncStreamsUpTo)) {
+    c.stream_api = StreamApi::kSync;
+    c.stream_api_name = "sync";
+  } else if (api == "callback" || api == "auto") {
+    c.stream_api = StreamApi::kCallback;
+    c.stream_api_name = "callback";
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stream_api=", api, ": use auto, sync or callback"));
+  }
   c.rate = absl::GetFlag(FLAGS_rate);
   c.duration_s = absl::GetFlag(FLAGS_duration_s);
   c.requests = absl::GetFlag(FLAGS_requests);

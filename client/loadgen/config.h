@@ -10,10 +10,22 @@ namespace sds::loadgen {
 
 enum class Mode { kUnary, kBatch, kStream };
 
+// How stream mode drives its streams (--stream_api): a thread per stream on the
+// synchronous API (one wake-up per answer: the least latency per call), or gRPC's
+// callback API (no thread per stream: the least CPU per call when many are open).
+enum class StreamApi { kSync, kCallback };
+// --stream_api=auto: the synchronous API up to this many streams. Measured on the H200
+// host at one stream, the callback API cut the echo's ceiling from 8.5k to 5.5-5.9k
+// calls/s (its 111 us of client CPU per call against 47); at 16 streams it matched the
+// synchronous API there and beat it 1.6x on the 2-core VM, 1.2x at 256 (bench/RESULTS.md).
+constexpr int kSyncStreamsUpTo = 4;
+
 struct Config {
   std::string target;
   Mode mode = Mode::kUnary;
   std::string mode_name;
+  StreamApi stream_api = StreamApi::kCallback;  // stream mode only
+  std::string stream_api_name = "callback";
   int concurrency = 1;     // workers: closed-loop callers, or the open loop's in-flight cap
   double rate = 0;         // calls/s, Poisson arrivals; 0 = closed loop
   double duration_s = 10;  // measured time after the warm-up

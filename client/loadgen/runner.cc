@@ -22,12 +22,13 @@ struct Runner::Worker {
   WorkerStats stats;
   int consecutive_errors = 0;
   Clock::time_point call_end;
-  // The open stream (stream mode). Only the worker replaces it, always under stream_mu,
-  // so that the runner can cancel it (CancelStreams) while the worker is blocked in it.
+  // The open stream (stream mode). Only the worker's flow replaces it, always under
+  // stream_mu, so that the runner can cancel it (CancelStreams) while a call is in it.
   std::mutex stream_mu;
-  ReactorStream::Ptr stream;
-  Clock::time_point intended;     // of the stream call in flight
-  bool stream_cancelled = false;  // by the runner; guarded by stream_mu
+  ReactorStream::Ptr stream;                      // --stream_api=callback
+  std::unique_ptr<SingleCallStream> sync_stream;  // --stream_api=sync
+  Clock::time_point intended;                     // of the callback stream's call in flight
+  bool stream_cancelled = false;                  // by the runner; guarded by stream_mu
   // Start of the stream call in flight; 0: none. Set by the worker alone; reset by it
   // under stream_mu once the call returned, which is how it claims the call back from
   // CancelStreams (which reads it under stream_mu too).
@@ -36,7 +37,7 @@ struct Runner::Worker {
 
 namespace {
 
-// A stream call has no deadline of its own (ReactorStream): the runner cancels its
+// A stream call has no deadline of its own (either stream kind): the runner cancels its
 // stream once the call has taken --timeout_ms and this slack, which ends a slow answer's
 // read and a write the server does not take alike.
 constexpr auto kStreamCallSlack = std::chrono::milliseconds(100);
@@ -62,24 +63,37 @@ Runner::Runner(const Config& config,
 Runner::~Runner() {
   // gRPC ends a released stream soon (it is cancelled); its reactor must not outlive
   // streams_ (nor the clients' channels).
-  for (auto& w : workers_) ReplaceStream(w.get(), nullptr);
+  for (auto& w : workers_) DropStream(w.get());
   if (!streams_.WaitUntilNoneLive(Clock::now() + std::chrono::seconds(30))) {
     std::fprintf(stderr, "decode_loadgen: DecodeStream calls still open 30 s after their cancel\n");
     std::abort();
   }
 }
 
-void Runner::ReplaceStream(Worker* w, ReactorStream::Ptr s) {
-  ReactorStream::Ptr old;  // released after the unlock: it cancels the call
+void Runner::ReplaceStream(Worker* w, ReactorStream::Ptr s,
+                           std::unique_ptr<SingleCallStream> sync) {
+  // Released after the unlock: each cancels its stream (a SingleCallStream also waits
+  // for its final status).
+  ReactorStream::Ptr old;
+  std::unique_ptr<SingleCallStream> old_sync;
   std::lock_guard<std::mutex> lock(w->stream_mu);
   old = std::move(w->stream);
+  old_sync = std::move(w->sync_stream);
   w->stream = std::move(s);
+  w->sync_stream = std::move(sync);
   w->stream_cancelled = false;
   // Opened after CancelStreams(true) went by this worker: it would not come back.
-  if (w->stream && cancel_all_streams_.load()) {
-    w->stream->Cancel();
+  if ((w->stream || w->sync_stream) && cancel_all_streams_.load()) {
+    if (w->stream) w->stream->Cancel();
+    if (w->sync_stream) w->sync_stream->Cancel();
     w->stream_cancelled = true;
   }
+}
+
+absl::Status Runner::StreamStatus(Worker* w) {
+  if (w->stream) return w->stream->status();
+  if (w->sync_stream) return w->sync_stream->status();
+  return absl::OkStatus();
 }
 
 RunResult Runner::Run() {
@@ -105,7 +119,7 @@ RunResult Runner::Run() {
     w.inputs.resize(per);
   }
   active_workers_ = config_.concurrency;
-  const bool streams = config_.mode == Mode::kStream;
+  const bool streams = StreamsOnCallbacks();
   std::vector<std::thread> threads;
   if (!streams) {
     for (auto& w : workers_) threads.emplace_back([this, w = w.get()] { WorkerLoop(w); });
@@ -137,8 +151,8 @@ RunResult Runner::Run() {
     if (now >= end_ || active_workers_.load() == 0) break;
     if (streams) {
       for (Worker* w : DueBackOffs(now)) StreamNext(w);
-      CancelStreams(/*all=*/false);
     }
+    if (config_.mode == Mode::kStream) CancelStreams(/*all=*/false);
     const auto since_success = now - Clock::time_point(Clock::duration(last_success_ns_.load()));
     if (errors_.load() > 0 && since_success > secs(config_.stall_s)) {
       result.aborted = true;
@@ -177,7 +191,7 @@ RunResult Runner::Run() {
 }
 
 void Runner::StopWorkers(std::vector<std::thread>& threads, bool abort) {
-  if (config_.mode == Mode::kStream) FinishWaitingStreamWorkers();
+  if (StreamsOnCallbacks()) FinishWaitingStreamWorkers();
   // A down server is not waited for.
   if (abort) CancelStreams(/*all=*/true);
   // Calls in flight end within --timeout_ms: unary and batch calls by their deadline,
@@ -206,10 +220,11 @@ void Runner::CancelStreams(bool all) {
                             .count();
   for (auto& w : workers_) {
     std::lock_guard<std::mutex> lock(w->stream_mu);
-    if (!w->stream || w->stream_cancelled) continue;
+    if ((!w->stream && !w->sync_stream) || w->stream_cancelled) continue;
     const int64_t start = w->stream_call_ns.load();
     if (all || (start != 0 && now - start > limit)) {
-      w->stream->Cancel();
+      if (w->stream) w->stream->Cancel();
+      if (w->sync_stream) w->sync_stream->Cancel();
       w->stream_cancelled = true;
     }
   }
@@ -280,7 +295,7 @@ void Runner::WorkerLoop(Worker* w) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1 << shift));
     }
   }
-  ReplaceStream(w, nullptr);
+  DropStream(w);
   --active_workers_;
 }
 
@@ -310,6 +325,18 @@ void Runner::RecordError(Worker* w, Clock::time_point intended, const absl::Stat
     return;
   }
   w->stats.AddError(absl::StatusCodeToString(s.code()), std::string(s.message()), requests);
+}
+
+absl::StatusOr<client::DecodeOutput> Runner::StreamCall(Worker* w) {
+  if (!w->sync_stream) {
+    auto s = SingleCallStream::Open(w->client);
+    if (!s.ok()) return s.status();
+    ReplaceStream(w, nullptr, *std::move(s));
+  }
+  w->stream_call_ns = Clock::now().time_since_epoch().count();
+  auto r = w->sync_stream->Call(w->inputs[0]);
+  if (after_stream_call_for_test_) after_stream_call_for_test_();
+  return ClaimStreamCall(w, std::move(r));
 }
 
 Runner::Ticket Runner::TakeStreamTicket(Worker* w, Clock::time_point* intended) {
@@ -344,7 +371,7 @@ void Runner::StreamNext(Worker* w) {
 }
 
 void Runner::FinishStreamWorker(Worker* w) {
-  ReplaceStream(w, nullptr);
+  DropStream(w);
   --active_workers_;  // last: Run may merge the worker's stats from here on
 }
 
@@ -358,7 +385,7 @@ void Runner::StreamIssue(Worker* w, Clock::time_point intended) {
       RecordError(w, intended, s.status());
       return StreamBackOff(w);
     }
-    ReplaceStream(w, *std::move(s));
+    ReplaceStream(w, *std::move(s), nullptr);
   }
   w->stream_call_ns = Clock::now().time_since_epoch().count();
   // The answer comes on a gRPC thread, or at once when the call fails before it is sent.
@@ -393,13 +420,13 @@ absl::StatusOr<client::DecodeOutput> Runner::ClaimStreamCall(
   if (r.ok()) {
     // Answered, though the stream was cancelled meanwhile (the call was slow, or the
     // run is ending): the answer counts, the stream is of no further use.
-    if (cancelled) ReplaceStream(w, nullptr);
+    if (cancelled) DropStream(w);
     return r;
   }
   // A broken, stuck or cancelled stream is replaced; a request that failed alone is not.
-  if (cancelled || !w->stream->status().ok() ||
+  if (cancelled || !StreamStatus(w).ok() ||
       r.status().code() == absl::StatusCode::kDeadlineExceeded) {
-    ReplaceStream(w, nullptr);
+    DropStream(w);
   }
   if (cancelled) {
     return absl::DeadlineExceededError(
@@ -475,7 +502,8 @@ void Runner::Execute(Worker* w, Clock::time_point intended) {
     }
     return;
   }
-  absl::StatusOr<client::DecodeOutput> r = w->client->Decode(w->inputs[0], call);
+  absl::StatusOr<client::DecodeOutput> r =
+      config_.mode == Mode::kUnary ? w->client->Decode(w->inputs[0], call) : StreamCall(w);
   w->call_end = Clock::now();
   if (!r.ok()) return RecordError(w, intended, r.status());
   RecordSuccess(w, intended, r->batch, true);

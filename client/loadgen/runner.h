@@ -2,10 +2,12 @@
 // arrivals; latency from each call's intended send time, so a slow server cannot hide
 // its queueing: no coordinated omission). Arrivals still unsent when the run stops are
 // charged their wait so far, for the same reason.
-// Unary and DecodeBatch workers are threads (the synchronous API); stream workers have
-// no thread: each drives a ReactorStream, and issues its next call from the callback
-// that delivered the last answer (on a gRPC thread), or from the scheduler thread when
-// an open loop's arrival finds it idle, or from Run's thread after an error's back-off.
+// Unary and DecodeBatch workers are threads (the synchronous API), and so are stream
+// workers with --stream_api=sync (a SingleCallStream each). With the callback API
+// stream workers have no thread: each drives a ReactorStream, and issues its next call
+// from the callback that delivered the last answer (on a gRPC thread), or from the
+// scheduler thread when an open loop's arrival finds it idle, or from Run's thread
+// after an error's back-off.
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include "client/decode_client.h"
 #include "client/loadgen/config.h"
 #include "client/loadgen/reactor_stream.h"
+#include "client/loadgen/single_call_stream.h"
 #include "client/loadgen/stats.h"
 #include "client/loadgen/workload.h"
 
@@ -65,7 +68,12 @@ class Runner {
   void Scheduler();
   bool NextTicket(Clock::time_point* intended);
   void Execute(Worker* w, Clock::time_point intended);
-  // Stream workers (no thread): the worker's next call, or its end when the run has no
+  // A stream call on the worker's thread (--stream_api=sync).
+  absl::StatusOr<client::DecodeOutput> StreamCall(Worker* w);
+  bool StreamsOnCallbacks() const {
+    return config_.mode == Mode::kStream && config_.stream_api == StreamApi::kCallback;
+  }
+  // Stream workers on callbacks (no thread): the worker's next call, or its end when the run has no
   // more for it; in an open loop with no arrival due it waits in idle_.
   void StreamNext(Worker* w);
   enum class Ticket { kGot, kIdle, kDone };
@@ -83,8 +91,12 @@ class Runner {
   std::vector<Worker*> DueBackOffs(Clock::time_point now);
   // Stops stream workers that wait (idle or backing off): the run is over for them.
   void FinishWaitingStreamWorkers();
-  // Installs `s` as the worker's stream (nullptr: none).
-  void ReplaceStream(Worker* w, ReactorStream::Ptr s);
+  // Installs the worker's stream (one of `s` and `sync`, or neither: none), releasing
+  // the one it had.
+  void ReplaceStream(Worker* w, ReactorStream::Ptr s, std::unique_ptr<SingleCallStream> sync);
+  void DropStream(Worker* w) { ReplaceStream(w, nullptr, nullptr); }
+  // The worker's stream's status (OK: healthy); the worker's flow only.
+  static absl::Status StreamStatus(Worker* w);
   // Cancels the workers' streams: with `all`, every one (and any opened later); else
   // those whose current call has outlived --timeout_ms.
   void CancelStreams(bool all);

@@ -124,13 +124,23 @@ class RunnerTest : public ::testing::Test {
   std::unique_ptr<Workload> workload_;
 };
 
-TEST_F(RunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
+// The stream tests run with each stream API: a thread per stream (sync) and none
+// (callback).
+class StreamRunnerTest : public RunnerTest, public ::testing::WithParamInterface<StreamApi> {};
+INSTANTIATE_TEST_SUITE_P(Apis, StreamRunnerTest,
+                         ::testing::Values(StreamApi::kSync, StreamApi::kCallback),
+                         [](const ::testing::TestParamInfo<StreamApi>& i) {
+                           return i.param == StreamApi::kSync ? "Sync" : "Callback";
+                         });
+
+TEST_P(StreamRunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
   // [32, 1024] bf16 q and gate: ~150 KB requests, more than the 64 KiB a stream may send
   // before its server reads.
   const client::Shape shape{32, 4, 1024};
   client_test::NeverReadService service;
   config_.mode = Mode::kStream;
   config_.mode_name = "stream";
+  config_.stream_api = GetParam();
   config_.concurrency = 2;
   config_.warmup_s = 0;
   config_.duration_s = 0.5;
@@ -149,11 +159,12 @@ TEST_F(RunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
 // worker took it back (held here in the test seam) has its stream cancelled by the
 // runner: the answer counts, and the cancelled stream is replaced before the next
 // call, which would fail on it.
-TEST_F(RunnerTest, StreamCancelledAfterItsCallSucceededIsReplacedWithoutAnError) {
+TEST_P(StreamRunnerTest, StreamCancelledAfterItsCallSucceededIsReplacedWithoutAnError) {
   const client::Shape shape{8, 2, 16};
   CountingEchoService service(Info(shape));
   config_.mode = Mode::kStream;
   config_.mode_name = "stream";
+  config_.stream_api = GetParam();
   config_.concurrency = 1;
   config_.warmup_s = 0;
   config_.duration_s = 0.8;
@@ -173,11 +184,12 @@ TEST_F(RunnerTest, StreamCancelledAfterItsCallSucceededIsReplacedWithoutAnError)
 
 // Stream workers have no thread: an open loop's arrival finds an idle worker and the
 // scheduler issues its call. Every arrival is sent and answered.
-TEST_F(RunnerTest, OpenLoopStreamsSendEveryArrival) {
+TEST_P(StreamRunnerTest, OpenLoopStreamsSendEveryArrival) {
   const client::Shape shape{8, 2, 16};
   CountingEchoService service(Info(shape));
   config_.mode = Mode::kStream;
   config_.mode_name = "stream";
+  config_.stream_api = GetParam();
   config_.concurrency = 4;
   config_.rate = 400;
   config_.requests = 60;
@@ -196,11 +208,12 @@ TEST_F(RunnerTest, OpenLoopStreamsSendEveryArrival) {
   EXPECT_LT(worst_us, 100000);
 }
 
-TEST_F(RunnerTest, ClosedLoopStreamsStopAtTheRequestBound) {
+TEST_P(StreamRunnerTest, ClosedLoopStreamsStopAtTheRequestBound) {
   const client::Shape shape{8, 2, 16};
   CountingEchoService service(Info(shape));
   config_.mode = Mode::kStream;
   config_.mode_name = "stream";
+  config_.stream_api = GetParam();
   config_.concurrency = 3;
   config_.requests = 7;
   config_.warmup_s = 0;
@@ -214,11 +227,12 @@ TEST_F(RunnerTest, ClosedLoopStreamsStopAtTheRequestBound) {
 
 // A server without DecodeStream fails every stream at once: each worker backs off
 // (2, 4, ... 128 ms) instead of spinning, and the errors are counted.
-TEST_F(RunnerTest, FailingStreamsBackOff) {
+TEST_P(StreamRunnerTest, FailingStreamsBackOff) {
   const client::Shape shape{8, 2, 16};
   FlakyService service(Info(shape), std::chrono::milliseconds(0));  // no DecodeStream
   config_.mode = Mode::kStream;
   config_.mode_name = "stream";
+  config_.stream_api = GetParam();
   config_.concurrency = 2;
   config_.warmup_s = 0;
   config_.duration_s = 0.6;

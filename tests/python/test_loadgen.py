@@ -77,15 +77,20 @@ class LoadgenTest(unittest.TestCase):
 
     def test_echo_all_modes(self):
         server = self.echo()
-        for mode, flags, batch in [("unary", ["--concurrency=4"], 1),
-                                   ("stream", ["--concurrency=4", "--channels=2"], 1),
-                                   ("batch", ["--concurrency=2", "--batch_size=8"], 8)]:
-            with self.subTest(mode=mode):
+        for mode, flags, batch in [
+                ("unary", ["--concurrency=4"], 1),
+                ("stream", ["--concurrency=4", "--channels=2"], 1),  # auto: sync
+                ("stream", ["--concurrency=8", "--channels=2"], 1),  # auto: callback
+                ("batch", ["--concurrency=2", "--batch_size=8"], 8)]:
+            with self.subTest(mode=mode, flags=flags):
                 proc, s = self.run_loadgen(server.address, f"--mode={mode}", "--duration_s=1.5",
                                            *flags)
                 self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
                 self.assertIn("client latency", proc.stdout)
                 self.check_sane(s, mode, batch)
+                if mode == "stream":
+                    self.assertEqual(s["stream_api"],
+                                     "sync" if "--concurrency=4" in flags else "callback")
 
     def test_echo_open_loop_and_plots(self):
         server = self.echo()
@@ -223,6 +228,11 @@ class LoadgenTest(unittest.TestCase):
         self.assertEqual(s["calls_ok"], 300)
 
     def test_killed_server_fails_fast(self):
+        for api in ("sync", "callback"):
+            with self.subTest(stream_api=api):
+                self.check_killed_server_fails_fast(api)
+
+    def check_killed_server_fails_fast(self, api):
         server = self.echo()
         out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
         out.close()
@@ -230,8 +240,8 @@ class LoadgenTest(unittest.TestCase):
         start = time.monotonic()
         proc = subprocess.Popen(
             [ARGS.loadgen, f"--target={server.address}", "--mode=stream", "--concurrency=4",
-             "--duration_s=30", "--warmup_s=0", "--prefill_len=32", "--topk=16",
-             "--stall_s=2", "--timeout_ms=1000", f"--json_out={out.name}"],
+             f"--stream_api={api}", "--duration_s=30", "--warmup_s=0", "--prefill_len=32",
+             "--topk=16", "--stall_s=2", "--timeout_ms=1000", f"--json_out={out.name}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         time.sleep(2.0)
         server.kill()
@@ -241,6 +251,7 @@ class LoadgenTest(unittest.TestCase):
         self.assertLess(elapsed, 15, "loadgen did not notice the dead server")
         with open(out.name) as f:
             s = json.load(f)
+        self.assertEqual(s["stream_api"], api)
         self.assertGreater(s["errors_total"], 0)
         self.assertIn("UNAVAILABLE", s["errors"])
         self.assertTrue(s["aborted"])
@@ -261,9 +272,10 @@ class LoadgenTest(unittest.TestCase):
              "--max_batch_size=16", "--max_queue_delay_us=200", "--cpu_threads=1",
              f"--metrics_listen=127.0.0.1:{free_port()}"] + SHAPE, listening, name="decode_server")
         self.addCleanup(server.stop)
-        for mode, flags, batch in [("stream", ["--concurrency=4"], 1),
+        for mode, flags, batch in [("stream", ["--concurrency=4", "--stream_api=sync"], 1),
+                                   ("stream", ["--concurrency=4", "--stream_api=callback"], 1),
                                    ("batch", ["--concurrency=1", "--batch_size=8"], 8)]:
-            with self.subTest(mode=mode):
+            with self.subTest(mode=mode, flags=flags):
                 proc, s = self.run_loadgen(server.address, f"--mode={mode}", "--duration_s=1.5",
                                            *flags)
                 self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
