@@ -126,7 +126,14 @@ class RunnerTest : public ::testing::Test {
 
 // The stream tests run with each stream API: a thread per stream (sync) and none
 // (callback).
-class StreamRunnerTest : public RunnerTest, public ::testing::WithParamInterface<StreamApi> {};
+class StreamRunnerTest : public RunnerTest, public ::testing::WithParamInterface<StreamApi> {
+ protected:
+  void StreamMode() {
+    config_.mode = Mode::kStream;
+    config_.mode_name = "stream";
+    config_.stream_api = GetParam();
+  }
+};
 INSTANTIATE_TEST_SUITE_P(Apis, StreamRunnerTest,
                          ::testing::Values(StreamApi::kSync, StreamApi::kCallback),
                          [](const ::testing::TestParamInfo<StreamApi>& i) {
@@ -138,9 +145,7 @@ TEST_P(StreamRunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
   // before its server reads.
   const client::Shape shape{32, 4, 1024};
   client_test::NeverReadService service;
-  config_.mode = Mode::kStream;
-  config_.mode_name = "stream";
-  config_.stream_api = GetParam();
+  StreamMode();
   config_.concurrency = 2;
   config_.warmup_s = 0;
   config_.duration_s = 0.5;
@@ -162,9 +167,7 @@ TEST_P(StreamRunnerTest, StreamBlockedInWriteIsCancelledAndTheRunEnds) {
 TEST_P(StreamRunnerTest, StreamCancelledAfterItsCallSucceededIsReplacedWithoutAnError) {
   const client::Shape shape{8, 2, 16};
   CountingEchoService service(Info(shape));
-  config_.mode = Mode::kStream;
-  config_.mode_name = "stream";
-  config_.stream_api = GetParam();
+  StreamMode();
   config_.concurrency = 1;
   config_.warmup_s = 0;
   config_.duration_s = 0.8;
@@ -187,9 +190,7 @@ TEST_P(StreamRunnerTest, StreamCancelledAfterItsCallSucceededIsReplacedWithoutAn
 TEST_P(StreamRunnerTest, OpenLoopStreamsSendEveryArrival) {
   const client::Shape shape{8, 2, 16};
   CountingEchoService service(Info(shape));
-  config_.mode = Mode::kStream;
-  config_.mode_name = "stream";
-  config_.stream_api = GetParam();
+  StreamMode();
   config_.concurrency = 4;
   config_.rate = 400;
   config_.requests = 60;
@@ -211,9 +212,7 @@ TEST_P(StreamRunnerTest, OpenLoopStreamsSendEveryArrival) {
 TEST_P(StreamRunnerTest, ClosedLoopStreamsStopAtTheRequestBound) {
   const client::Shape shape{8, 2, 16};
   CountingEchoService service(Info(shape));
-  config_.mode = Mode::kStream;
-  config_.mode_name = "stream";
-  config_.stream_api = GetParam();
+  StreamMode();
   config_.concurrency = 3;
   config_.requests = 7;
   config_.warmup_s = 0;
@@ -230,9 +229,7 @@ TEST_P(StreamRunnerTest, ClosedLoopStreamsStopAtTheRequestBound) {
 TEST_P(StreamRunnerTest, FailingStreamsBackOff) {
   const client::Shape shape{8, 2, 16};
   FlakyService service(Info(shape), std::chrono::milliseconds(0));  // no DecodeStream
-  config_.mode = Mode::kStream;
-  config_.mode_name = "stream";
-  config_.stream_api = GetParam();
+  StreamMode();
   config_.concurrency = 2;
   config_.warmup_s = 0;
   config_.duration_s = 0.6;
