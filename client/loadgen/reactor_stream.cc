@@ -56,11 +56,15 @@ void ReactorStream::Call(const client::DecodeInput& in, Done done) {
   done_ = std::move(done);
   ops_in_flight_ = 2;
   read_failed_ = false;
+  // The read may end, and `done` run and release the stream (on a gRPC thread), before
+  // StartRead returns here: this call's own reference keeps the stream until then.
+  ++refs_;
   lock.unlock();
   // The hold keeps the stream from ending under these (only a failure or the owner's
   // release removes it, and neither happened).
   StartWrite(&request_);
   StartRead(&response_);
+  Unref();
 }
 
 void ReactorStream::Cancel() { ctx_->TryCancel(); }  // thread-safe in gRPC

@@ -57,7 +57,9 @@ class ReactorStream final
   // Sends `in`; the previous call's `done` must have run. `done` runs exactly once: on a
   // gRPC thread with the answer or the stream's failure, or before Call returns when
   // the request cannot be built or the stream failed earlier. After a failure of the
-  // stream (not of the request alone) every later call fails with its final status.
+  // stream (not of the request alone) every later call fails with its final status; a
+  // stream cancelled or ended by the server between calls finds out on its next call,
+  // which then fails on the wire.
   void Call(const client::DecodeInput& in, Done done);
   // Ends the stream; any thread, also while a call is in flight (which then fails).
   void Cancel();
@@ -99,7 +101,8 @@ class ReactorStream final
   bool hold_ = true;  // held from Open until the owner's release or the stream's failure
   bool failed_ = false;
   absl::Status final_status_;  // when failed_
-  int refs_ = 2;               // the owner's and gRPC's (until OnDone)
+  // The owner's and gRPC's (until OnDone), and one per Call still in its Start* calls.
+  int refs_ = 2;
 };
 
 }  // namespace sds::loadgen

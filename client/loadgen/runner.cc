@@ -155,8 +155,17 @@ void Runner::StopWorkers(std::vector<std::thread>& threads, bool abort) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   for (auto& t : threads) t.join();
-  // Stream workers have no thread to join: their cancelled calls end on gRPC's threads.
-  while (active_workers_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Stream workers have no thread to join: their cancelled calls end on gRPC's threads,
+  // soon. One that does not is a bug (a lost answer): say so rather than hang.
+  const auto stuck = Clock::now() + std::chrono::seconds(30);
+  while (active_workers_.load() > 0) {
+    if (Clock::now() >= stuck) {
+      std::fprintf(stderr, "decode_loadgen: %d stream workers still busy 30 s after their cancel\n",
+                   active_workers_.load());
+      std::abort();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void Runner::Scheduler() {

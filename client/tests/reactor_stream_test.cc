@@ -64,25 +64,43 @@ TEST_F(ReactorStreamTest, EachCallGetsItsOwnAnswer) {
 
 // The load generator issues a stream's next call from the callback of its last one, on
 // gRPC's thread.
+constexpr int kChainCalls = 50;
+
 TEST_F(ReactorStreamTest, CallsIssuedFromTheCallbackChain) {
   Start(/*id_offset=*/0);
   auto stream = ReactorStream::Open(client_.get(), &group_);
   ASSERT_TRUE(stream.ok()) << stream.status();
-  ReactorStream* s = stream->get();
-  constexpr int kCalls = 50;
-  std::atomic<int> answered{0};
-  std::promise<absl::Status> finished;
-  std::function<void(absl::StatusOr<client::DecodeOutput>)> next =
-      [&](const absl::StatusOr<client::DecodeOutput>& r) {
-        if (!r.ok()) return finished.set_value(r.status());
-        if (++answered == kCalls) return finished.set_value(absl::OkStatus());
-        s->Call(Input(0), next);
-      };
-  s->Call(Input(0), next);
-  auto f = finished.get_future();
-  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  // Each callback holds the chain, so it outlives the calls even if the test gives up.
+  struct Chain : std::enable_shared_from_this<Chain> {
+    ReactorStream* stream = nullptr;
+    client::DecodeInput in;
+    std::atomic<int> answered{0};
+    std::promise<absl::Status> finished;
+
+    void Issue() {
+      stream->Call(in, [self = shared_from_this()](const absl::StatusOr<client::DecodeOutput>& r) {
+        self->Answered(r);
+      });
+    }
+    void Answered(const absl::StatusOr<client::DecodeOutput>& r) {
+      if (!r.ok()) return finished.set_value(r.status());
+      if (++answered == kChainCalls) return finished.set_value(absl::OkStatus());
+      Issue();
+    }
+  };
+  auto chain = std::make_shared<Chain>();
+  chain->stream = stream->get();
+  chain->in = Input(0);
+  auto f = chain->finished.get_future();
+  chain->Issue();
+  const bool ready = f.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!ready) {
+    (*stream)->Cancel();  // ends the chain with an error
+    f.wait();
+  }
+  ASSERT_TRUE(ready) << "the chain of calls did not finish within 10 s";
   EXPECT_TRUE(f.get().ok());
-  EXPECT_EQ(answered.load(), kCalls);
+  EXPECT_EQ(chain->answered.load(), kChainCalls);
 }
 
 TEST_F(ReactorStreamTest, AnAnswerToAnotherRequestBreaksTheStream) {
