@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One end-to-end case (small shape unless SHAPE says otherwise), with the server's costs
 # per decode: a fresh decode_server (or echo_server) and decode_loadgen; after the prefill, 3 s of
-# `perf stat` (or `perf record`) on the server process, CPU time of the load generator,
+# `perf stat` (or `perf record`) on the server process, CPU time and context switches
+# of the load generator (all its threads),
 # and voluntary / involuntary context switches per decode by thread name. Used for the
 # "server overheads" figures in bench/RESULTS.md.
 #
@@ -49,13 +50,14 @@ done
 LOADGEN_PID=$!
 sleep 3  # prefill and warm-up
 
-threads() {  # name voluntary involuntary, summed by thread name
-  for t in /proc/"$SERVER_PID"/task/*; do
+threads() {  # name voluntary involuntary, per thread of process $1 (default: the server)
+  for t in /proc/"${1:-$SERVER_PID}"/task/*; do
     echo "$(tr ' ' _ <"$t/comm") $(awk '/^voluntary/{v=$2} /^nonvoluntary/{n=$2} END{print v, n}' "$t/status")"
   done
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 threads >"$OUT/threads0.txt"
+threads "$LOADGEN_PID" >"$OUT/loadgen_threads0.txt"
 LOADGEN_TICKS0=$(cpu_ticks "$LOADGEN_PID")
 T0=$(date +%s.%N)
 case $PERF in
@@ -66,6 +68,7 @@ case $PERF in
 esac
 T1=$(date +%s.%N)
 threads >"$OUT/threads1.txt"
+threads "$LOADGEN_PID" >"$OUT/loadgen_threads1.txt"
 LOADGEN_TICKS1=$(cpu_ticks "$LOADGEN_PID")
 wait "$LOADGEN_PID" || { cat "$OUT/loadgen.txt" >&2; exit 1; }
 
@@ -84,6 +87,8 @@ if l1 > l0:
 def read(path):
     sums = {}
     for line in open(path):
+        if len(line.split()) != 3:
+            continue  # a thread (or the process) gone while it was read
         name, v, n = line.split()
         a, b = sums.get(name, (0, 0))
         sums[name] = (a + int(v), b + int(n))
@@ -95,4 +100,8 @@ for name, (v, n) in sorted(b.items()):
     if (v - v0) / decodes >= 0.005 or (n - n0) / decodes >= 0.005:
         rows.append(f"{name} {(v - v0) / decodes:.2f}/{(n - n0) / decodes:.2f}")
 print("context switches per decode (voluntary/involuntary): " + ", ".join(rows))
+c0, c1 = read(f"{out}/loadgen_threads0.txt"), read(f"{out}/loadgen_threads1.txt")
+if c1:  # else it had ended before the second look (DURATION_S too short)
+    switches = sum(v + n for v, n in c1.values()) - sum(v + n for v, n in c0.values())
+    print(f"load generator context switches per decode {switches / decodes:.2f} (all its threads)")
 PY
