@@ -1,6 +1,7 @@
 // One DecodeStream driven by one thread with one request in flight: the load
-// generator's stream mode. Call writes the request and reads its answer on the calling
-// thread. client::DecodeStream allows many requests in flight, so it reads on a thread
+// generator's stream mode with --stream_api=sync (auto up to 4 streams; the callback
+// API's ReactorStream above). Call writes the request and reads its answer on the
+// calling thread. client::DecodeStream allows many requests in flight, so it reads on a thread
 // of its own and hands each answer over; with one in flight that hand-off is a thread
 // wake-up per request for nothing (the load generator's own CPU per decode is in its
 // report).
