@@ -1,10 +1,12 @@
 // One DecodeStream on gRPC's callback API with one request in flight: the load
-// generator's stream mode. Call sends a request; its answer (or the stream's failure) is
-// handed to a callback on one of gRPC's threads, which may issue the stream's next call
-// at once. No thread of ours waits on a stream: on the synchronous API every stream
-// needed a thread of its own blocked in Read, and each answer cost about three thread
-// wake-ups in the load generator (~40-50 us of its CPU per decode on a 2-core host,
-// bench/RESULTS.md), which a benchmark sharing the host with the server cannot afford.
+// generator's stream mode with --stream_api=callback (auto from 5 streams; the
+// synchronous SingleCallStream below that). Call sends a request; its answer (or the
+// stream's failure) is handed to a callback on one of gRPC's threads, which may issue
+// the stream's next call at once. No thread of ours waits on a stream: on the
+// synchronous API every stream needs a thread of its own blocked in Read, and each
+// answer cost about three thread wake-ups in the load generator (~40-50 us of its CPU
+// per decode on a 2-core host at 256 streams, bench/RESULTS.md), which a benchmark
+// sharing the host with the server cannot afford.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -80,7 +82,7 @@ class ReactorStream final
   bool TakeHoldLocked();
   // One of the two operations of the call in flight ended; after both, its result.
   void OpEnded(std::unique_lock<std::mutex>& lock);
-  // Drops one of the two references (the owner's, gRPC's); the last deletes the stream.
+  // Drops a reference (refs_); the last deletes the stream.
   void Unref();
 
   const client::Shape shape_;
