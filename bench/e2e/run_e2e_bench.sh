@@ -17,7 +17,8 @@
 #   STREAMS ("1 16 256"), BATCHES ("64 256"), BATCH_CONCURRENCY (1: DecodeBatch calls in
 #   flight at once; above 1 the cases are named <shape>_batch<B>x<C>), CHANNELS (1: the
 #   load generator's gRPC channels, i.e. TCP connections, for the echo and the server
-#   alike), OUT_DIR,
+#   alike), STREAM_API (auto: the load generator's --stream_api, sync or callback),
+#   OUT_DIR,
 #   TIMEOUT_MS, QUEUE_DELAY_US (200), ROUNDS (1: each case's echo and server runs, taken
 #   in turn echo, server, echo, server...; with 2 or more the table gives each ratio's
 #   median over the rounds and its range, and whether the medians meet issue #5's goals
@@ -43,6 +44,7 @@ BATCHES=${BATCHES:-"64 256"}
 BATCH_CONCURRENCY=${BATCH_CONCURRENCY:-1}
 [[ $BATCH_CONCURRENCY =~ ^[1-9][0-9]*$ ]] || { echo "run_e2e_bench: BATCH_CONCURRENCY must be a positive integer" >&2; exit 2; }
 CHANNELS=${CHANNELS:-1}
+STREAM_API=${STREAM_API:-auto}
 ROUNDS=${ROUNDS:-1}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "run_e2e_bench: ROUNDS must be a positive integer" >&2; exit 2; }
 TIMEOUT_MS=${TIMEOUT_MS:-10000}
@@ -97,7 +99,8 @@ run() {  # name target pid extra-flags...
   if ((!PLOT)); then plot+=(--plot_render=false); fi
   if ! "$LOADGEN" --target="$target" --prefill_len="$PREFILL" --topk="$TOPK" \
       --duration_s="$DURATION_S" --warmup_s="$WARMUP_S" --timeout_ms="$TIMEOUT_MS" \
-      --channels="$CHANNELS" --label="$name" --json_out="$OUT_DIR/$name.json" "${plot[@]}" "$@" \
+      --channels="$CHANNELS" --stream_api="$STREAM_API" --label="$name" \
+      --json_out="$OUT_DIR/$name.json" "${plot[@]}" "$@" \
       >"$OUT_DIR/$name.txt" 2>&1; then
     cat "$OUT_DIR/$name.txt" >&2
     echo "run_e2e_bench: FAILED: $name (empty run, errors or outputs not written)" >&2; exit 1
@@ -162,7 +165,7 @@ for shape in $SHAPES; do
   wait "$ECHO_PID" "$SERVER_PID" 2>/dev/null || true
 done
 
-python3 - "$OUT_DIR" "$BACKEND ($CHANNELS gRPC connection(s) per load generator)" "$ROUNDS" "${ALL[@]}" <<'PY' | tee "$OUT_DIR/summary.md"
+python3 - "$OUT_DIR" "$BACKEND ($CHANNELS gRPC connection(s) per load generator, --stream_api=$STREAM_API)" "$ROUNDS" "${ALL[@]}" <<'PY' | tee "$OUT_DIR/summary.md"
 import json, re, statistics, sys
 out, backend, rounds, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 
