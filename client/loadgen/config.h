@@ -14,10 +14,11 @@ enum class Mode { kUnary, kBatch, kStream };
 // synchronous API (one wake-up per answer: the least latency per call), or gRPC's
 // callback API (no thread per stream: the least CPU per call when many are open).
 enum class StreamApi { kSync, kCallback };
-// --stream_api=auto: the synchronous API up to this many streams. Measured on the H200
-// host at one stream, the callback API cut the echo's ceiling from 8.5k to 5.5-5.9k
-// calls/s (its 111 us of client CPU per call against 47); at 16 streams it matched the
-// synchronous API there and beat it 1.6x on the 2-core VM, 1.2x at 256 (bench/RESULTS.md).
+// --stream_api=auto: the synchronous API up to this many streams. As measured, the
+// callback API cut the echo's ceiling on the H200 host at one stream from 8.5k to
+// 5.5-5.9k calls/s (111 us of client CPU per call against 47); at 16 streams it matched
+// the synchronous API there and beat it 1.6x on the 2-core VM; at 256 streams on the
+// H200 host it beat it 1.2x (bench/RESULTS.md, session 18).
 constexpr int kSyncStreamsUpTo = 4;
 
 struct Config {
