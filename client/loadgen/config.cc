@@ -61,10 +61,8 @@ absl::StatusOr<Config> ConfigFromFlags() {
   const std::string api = absl::GetFlag(FLAGS_stream_api);
   if (api == "sync" || (api == "auto" && c.concurrency <= kSyncStreamsUpTo)) {
     c.stream_api = StreamApi::kSync;
-    c.stream_api_name = "sync";
   } else if (api == "callback" || api == "auto") {
     c.stream_api = StreamApi::kCallback;
-    c.stream_api_name = "callback";
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--stream_api=", api, ": use auto, sync or callback"));

@@ -14,6 +14,9 @@ enum class Mode { kUnary, kBatch, kStream };
 // synchronous API (one wake-up per answer: the least latency per call), or gRPC's
 // callback API (no thread per stream: the least CPU per call when many are open).
 enum class StreamApi { kSync, kCallback };
+inline const char* StreamApiName(StreamApi api) {
+  return api == StreamApi::kSync ? "sync" : "callback";
+}
 // --stream_api=auto: the synchronous API up to this many streams. As measured, the
 // callback API cut the echo's ceiling on the H200 host at one stream from 8.5k to
 // 5.5-5.9k calls/s (111 us of client CPU per call against 47); at 16 streams it matched
@@ -26,7 +29,6 @@ struct Config {
   Mode mode = Mode::kUnary;
   std::string mode_name;
   StreamApi stream_api = StreamApi::kCallback;  // stream mode only
-  std::string stream_api_name = "callback";
   int concurrency = 1;     // workers: closed-loop callers, or the open loop's in-flight cap
   double rate = 0;         // calls/s, Poisson arrivals; 0 = closed loop
   double duration_s = 10;  // measured time after the warm-up

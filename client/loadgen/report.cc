@@ -72,7 +72,7 @@ void PrintTable(const Config& c, const client::v1::ModelInfo& info, const RunRes
       c.rate > 0 ? absl::StrFormat("open loop %.0f calls/s", c.rate).c_str() : "closed loop",
       c.concurrency, c.channels);
   if (c.mode == Mode::kBatch) std::printf(" batch_size=%d", c.batch_size);
-  if (c.mode == Mode::kStream) std::printf(" stream_api=%s", c.stream_api_name.c_str());
+  if (c.mode == Mode::kStream) std::printf(" stream_api=%s", StreamApiName(c.stream_api));
   std::printf("\n  model: %d layers, %d/%d heads, D=%d; top-K %d, prefill %d, measured %.2f s\n",
               info.num_layers(), info.num_q_heads(), info.num_kv_heads(), info.head_dim(), c.topk,
               c.prefill_len, r.measured_s);
@@ -129,7 +129,8 @@ absl::Status WriteJson(const std::string& path, const Config& c, const client::v
   f << "  \"target\": \"" << JsonEscape(c.target) << "\",\n";
   f << "  \"backend\": \"" << JsonEscape(info.backend()) << "\",\n";
   f << "  \"mode\": \"" << c.mode_name << "\",\n";
-  if (c.mode == Mode::kStream) f << "  \"stream_api\": \"" << c.stream_api_name << "\",\n";
+  if (c.mode == Mode::kStream)
+    f << "  \"stream_api\": \"" << StreamApiName(c.stream_api) << "\",\n";
   f << "  \"loop\": \"" << (c.rate > 0 ? "open" : "closed") << "\",\n";
   f << absl::StrFormat(
       "  \"rate\": %.3f,\n  \"concurrency\": %d,\n  \"channels\": %d,\n  \"batch_size\": %d,\n",
