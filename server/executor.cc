@@ -117,8 +117,7 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   const int32_t n = static_cast<int32_t>(items.size());
   std::vector<int32_t> row_of(n, -1);  // staging row after compaction
   std::vector<int64_t>& slots = SlotScratch();
-  // Scratch per thread, as SlotScratch.
-  thread_local std::vector<int32_t> pages;
+  thread_local std::vector<int32_t> pages;  // scratch per thread too (see SlotScratch)
 
   // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
   int32_t rows = 0;

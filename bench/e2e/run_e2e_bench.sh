@@ -193,10 +193,12 @@ def send_p99_us(n):
         lo, prev = le, c
     return "-"
 
-def client_cpu(r):
-    """The load generator's CPU per token-layer (all its threads), "-" when not reported."""
-    v = r.get("client_cpu_us_per_token_layer")
-    return "-" if v is None else f"{v:.1f}"
+def client_cpu(results):
+    """The load generator's CPU per token-layer (all its threads), the median over
+    `results`; "-" when none reported it."""
+    values = [r["client_cpu_us_per_token_layer"] for r in results
+              if r.get("client_cpu_us_per_token_layer") is not None]
+    return f"{statistics.median(values):.1f}" if values else "-"
 
 def load(tag):
     """The echo and server results of one round; exits on an empty or failing run."""
@@ -216,13 +218,8 @@ if rounds == 1:
               f"{s['token_layers_per_s'] / e['token_layers_per_s']:.3f} | {e['latency_us']['p99']} | "
               f"{s['latency_us']['p99']} | {s['latency_us']['p99'] / max(e['latency_us']['p99'], 1):.1f} | "
               f"{s['server_queue_us']['p99']} | {s['server_compute_us']['p99']} | {send_p99_us(n)} | "
-              f"{client_cpu(e)} / {client_cpu(s)} |")
+              f"{client_cpu([e])} / {client_cpu([s])} |")
     sys.exit(0)
-
-def median_cpu(results):
-    values = [r["client_cpu_us_per_token_layer"] for r in results
-              if r.get("client_cpu_us_per_token_layer") is not None]
-    return f"{statistics.median(values):.1f}" if values else "-"
 
 def spread(values, fmt):
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
@@ -250,7 +247,7 @@ for n in names:
           f"{spread(col(lambda e, s: s['latency_us']['p99']), '{:.0f}')} | "
           f"{spread(col(lambda e, s: s['server_queue_us']['p99']), '{:.0f}')} | "
           f"{spread(col(lambda e, s: s['server_compute_us']['p99']), '{:.0f}')} | "
-          f"{median_cpu([e for e, _ in runs])} / {median_cpu([s for _, s in runs])} |")
+          f"{client_cpu([e for e, _ in runs])} / {client_cpu([s for _, s in runs])} |")
 PY
 if ((PLOT)); then
   echo "run_e2e_bench: results in $OUT_DIR (JSON, tables, PNG plots)" >&2

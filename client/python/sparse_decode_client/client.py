@@ -129,9 +129,13 @@ class DecodeClient:
     def __exit__(self, *exc):
         self.close()
 
+    def _options(self, timeout):
+        """The deadline (this call's, else the client's) and metadata of a call."""
+        return {"timeout": timeout or self.timeout, "metadata": self._metadata}
+
     def _call(self, method, request, timeout):
         try:
-            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            return method(request, **self._options(timeout))
         except grpc.RpcError as e:
             raise DecodeError.from_rpc(e) from None
 
@@ -220,8 +224,7 @@ class DecodeClient:
         raises what decode_batch would."""
         reqs = self._batch_requests(requests)
         call = self._stub.DecodeBatch.future(pb.DecodeBatchRequest(requests=reqs),
-                                             timeout=timeout or self.timeout,
-                                             metadata=self._metadata)
+                                             **self._options(timeout))
         return DecodeBatchFuture(call, len(reqs), raise_on_error)
 
     def _batch_requests(self, requests):
