@@ -3,9 +3,10 @@
 # run the same server.
 
 # e2e_tools BIN: sets SERVER, ECHO and LOADGEN from a CMake build dir or a flat dir
-# (a GPU bundle's bin/) holding decode_server, echo_server and decode_loadgen.
+# (a GPU bundle's bin/) holding decode_loadgen beside echo_server (and decode_server,
+# which work_ceiling.sh does not need).
 e2e_tools() {
-  if [[ -x $1/decode_server ]]; then
+  if [[ -x $1/decode_loadgen ]]; then
     SERVER=$1/decode_server ECHO=$1/echo_server LOADGEN=$1/decode_loadgen
   else
     SERVER=$1/server/decode_server ECHO=$1/bench/e2e/echo_server

@@ -20,6 +20,9 @@ ABSL_FLAG(int32_t, head_dim, 128, "head dimension");
 ABSL_FLAG(int32_t, page_size, 64, "tokens per page (reported only)");
 ABSL_FLAG(int32_t, max_batch_size, 256, "reported only");
 ABSL_FLAG(int32_t, max_topk, 2048, "reported only");
+ABSL_FLAG(double, work_us, 0,
+          "CPU microseconds spent per decode request before answering (a calibrated loop): "
+          "the ceiling of a server whose only cost beyond gRPC's is that computing; 0 = none");
 
 namespace {
 std::unique_ptr<grpc::Server> g_server;
@@ -50,7 +53,11 @@ int main(int argc, char** argv) {
     info.add_k_scales(1.0f);
     info.add_v_scales(1.0f);
   }
-  sds::bench::EchoService service(info);
+  if (absl::GetFlag(FLAGS_work_us) < 0 || absl::GetFlag(FLAGS_work_us) > 1e6) {
+    std::fprintf(stderr, "echo_server: --work_us must be in [0, 1e6]\n");
+    return 2;
+  }
+  sds::bench::EchoService service(info, absl::GetFlag(FLAGS_work_us));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);

@@ -40,13 +40,15 @@ class EchoStream final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::D
 
 }  // namespace
 
-EchoService::EchoService(v1::ModelInfo info) : info_(std::move(info)) {
+EchoService::EchoService(v1::ModelInfo info, double work_us)
+    : info_(std::move(info)), work_(work_us) {
   zero_out_.assign(size_t{2} * info_.num_q_heads() * info_.head_dim(), '\0');
   zero_lse_.assign(size_t{4} * info_.num_q_heads(), '\0');
 }
 
 void EchoService::Answer(const v1::DecodeRequest& req, int32_t batch_size, uint64_t batch_id,
                          v1::DecodeResponse* resp) const {
+  work_.Run();
   resp->set_request_id(req.request_id());
   auto* out = resp->mutable_out();
   out->set_dtype(v1::BF16);

@@ -1,10 +1,13 @@
 // An echo DecodeService: answers every call with a response of the real size and
 // computes nothing. The ceiling of what gRPC alone costs for these message sizes.
+// With work_us > 0 it also spends that much CPU per decode request (BusyWork): the
+// ceiling of a server whose only cost beyond gRPC's is that computing.
 #pragma once
 
 #include <atomic>
 #include <string>
 
+#include "bench/e2e/busy_work.h"
 #include "sparse_decode/v1/decode.grpc.pb.h"
 
 namespace sds::bench {
@@ -13,7 +16,7 @@ namespace v1 = ::sparse_decode::v1;
 
 class EchoService final : public v1::DecodeService::CallbackService {
  public:
-  explicit EchoService(v1::ModelInfo info);
+  explicit EchoService(v1::ModelInfo info, double work_us = 0);
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
                                          const v1::GetModelInfoRequest* req,
@@ -38,7 +41,8 @@ class EchoService final : public v1::DecodeService::CallbackService {
                                             const v1::ReleaseSequenceRequest* req,
                                             v1::ReleaseSequenceResponse* resp) override;
 
-  // Fills `resp` as a real server would answer `req` (same sizes), batch of `batch_size`.
+  // Fills `resp` as a real server would answer `req` (same sizes), batch of `batch_size`,
+  // after the request's work_us of CPU.
   void Answer(const v1::DecodeRequest& req, int32_t batch_size, uint64_t batch_id,
               v1::DecodeResponse* resp) const;
   uint64_t NextBatchId() { return next_batch_id_.fetch_add(1) + 1; }
@@ -48,6 +52,7 @@ class EchoService final : public v1::DecodeService::CallbackService {
   std::string zero_out_;  // [Hq, D] bf16 zeros
   std::string zero_lse_;  // [Hq] fp32 zeros
   std::atomic<uint64_t> next_batch_id_{0};
+  BusyWork work_;  // per decode request
 };
 
 }  // namespace sds::bench

@@ -220,6 +220,50 @@ class LoadgenTest(unittest.TestCase):
                     self.assertIn(f"{case} did not write", proc.stderr)
                     self.assertFalse(os.path.exists(os.path.join(out_dir, "summary.md")))
 
+    def test_work_ceiling_script(self):
+        """bench/e2e/work_ceiling.sh: an echo spending 1 ms per request is far below the
+        plain echo (4 streams share 2 cores at most: <= 2k calls/s); a load generator that
+        writes nothing, or a WORK_US list without the plain echo first, fails the run."""
+        work = tempfile.mkdtemp(prefix="work_ceiling_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        bin_dir = os.path.join(work, "bin")
+        os.makedirs(bin_dir)
+        os.symlink(os.path.abspath(ARGS.echo_server), os.path.join(bin_dir, "echo_server"))
+        os.symlink(os.path.abspath(ARGS.loadgen), os.path.join(bin_dir, "decode_loadgen"))
+        out_dir = os.path.join(work, "out")
+        env = dict(os.environ, OUT_DIR=out_dir, WORK_US="0 1000", CASES="stream4", ROUNDS="1",
+                   DURATION_S="0.5", WARMUP_S="0.1", PREFILL="64")
+        script = os.path.join(REPO, "bench/e2e/work_ceiling.sh")
+        proc = subprocess.run(["bash", script, bin_dir], capture_output=True, text=True,
+                              timeout=120, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        rows = {}
+        for line in proc.stdout.splitlines():
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if len(cells) == 5 and cells[0] == "stream4":
+                rows[cells[1]] = float(cells[4])
+        self.assertEqual(set(rows), {"0", "1000"}, proc.stdout)
+        self.assertEqual(rows["0"], 1.0)
+        self.assertLess(rows["1000"], 0.7, proc.stdout)
+
+        with self.subTest("WORK_US without 0 first"):
+            proc = subprocess.run(["bash", script, bin_dir], capture_output=True, text=True,
+                                  timeout=60, env=dict(env, WORK_US="3 0"))
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+        with self.subTest("loadgen writing nothing"):
+            loadgen = os.path.join(bin_dir, "decode_loadgen")
+            os.unlink(loadgen)
+            real = os.path.abspath(ARGS.loadgen)
+            with open(loadgen, "w") as f:  # runs, exits 0, writes no JSON
+                f.write("#!/usr/bin/env python3\nimport os, sys\n"
+                        "args = [a for a in sys.argv[1:] if not a.startswith('--json_out=')]\n"
+                        f"os.execv({real!r}, [{real!r}] + args)\n")
+            os.chmod(loadgen, 0o755)
+            proc = subprocess.run(["bash", script, bin_dir], capture_output=True, text=True,
+                                  timeout=120, env=env)
+            self.assertNotEqual(proc.returncode, 0, proc.stdout)
+            self.assertIn("wrote no JSON", proc.stderr)
+
     def test_requests_bound(self):
         server = self.echo()
         proc, s = self.run_loadgen(server.address, "--mode=unary", "--concurrency=2",
