@@ -91,22 +91,26 @@ python3 - "$OUT_DIR" "$ROUNDS" "$SHAPE_NAME" "$CASES" "${WORKS[@]}" <<'PY' | tee
 import json, statistics, sys
 out, rounds, shape, cases, works = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split(), sys.argv[5:]
 print(f"echo_server --work_us=W, shape {shape}, {rounds} round(s): token-layers/s per round, "
-      "median, and the median as a ratio to W=0's")
+      "median, the median as a ratio to W=0's, and the load generator's CPU per decode "
+      "(median; it rises as the rate falls: fewer answers per read and per wake-up)")
 print()
-print("| case | W us | token-layers/s per round | median | ratio to W=0 |")
-print("|---|---|---|---|---|")
+print("| case | W us | token-layers/s per round | median | ratio to W=0 | load generator CPU us per decode |")
+print("|---|---|---|---|---|---|")
 for c in cases:
     base = None
     for w in works:
-        rates = []
+        rates, cpu = [], []
         for r in range(1, rounds + 1):
             d = json.load(open(f"{out}/{c}_w{w}_r{r}.json"))
             if d.get("calls_ok", 0) <= 0 or d.get("token_layers_per_s", 0) <= 0:
                 sys.exit(f"work_ceiling: {c}_w{w}_r{r} measured no calls")
             rates.append(d["token_layers_per_s"])
+            if d.get("client_cpu_us_per_token_layer") is not None:
+                cpu.append(d["client_cpu_us_per_token_layer"])
         median = statistics.median(rates)
         if base is None:
             base = median
+        client = f"{statistics.median(cpu):.1f}" if cpu else "-"
         print(f"| {c} | {w} | {' / '.join(f'{x:.0f}' for x in rates)} | {median:.0f} | "
-              f"{median / base:.3f} |")
+              f"{median / base:.3f} | {client} |")
 PY

@@ -240,7 +240,7 @@ class LoadgenTest(unittest.TestCase):
         rows = {}
         for line in proc.stdout.splitlines():
             cells = [c.strip() for c in line.strip("|").split("|")]
-            if len(cells) == 5 and cells[0] == "stream4":
+            if len(cells) == 6 and cells[0] == "stream4":
                 rows[cells[1]] = float(cells[4])
         self.assertEqual(set(rows), {"0", "1000"}, proc.stdout)
         self.assertEqual(rows["0"], 1.0)
