@@ -6,8 +6,9 @@
 namespace sds::bench {
 namespace {
 
-// A chain of dependent multiply-adds (xorshift-free, no memory): `steps` of them take
-// the same time on every call. The asm barrier keeps the compiler from folding the loop.
+// A chain of dependent multiply-adds (an LCG step each, no memory traffic): `steps` of
+// them take the same time on every call. The asm barrier keeps the compiler from
+// folding the loop into a closed form.
 uint64_t Spin(int64_t steps) {
   uint64_t x = 0x9E3779B97F4A7C15ULL;
   for (int64_t i = 0; i < steps; ++i) {
@@ -21,8 +22,8 @@ uint64_t Spin(int64_t steps) {
 
 BusyWork::BusyWork(double us) {
   if (us <= 0) return;
-  // The fastest of several 4 ms probes: a probe that was preempted runs slow and would
-  // make every later Run too short.
+  // The fastest of five probes (a few ms each): a probe that was preempted runs slow
+  // and would make every later Run too short.
   constexpr int64_t kProbeSteps = 1 << 20;
   double best_ns_per_step = 1e9;
   for (int probe = 0; probe < 5; ++probe) {

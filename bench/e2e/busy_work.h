@@ -12,7 +12,8 @@ namespace sds::bench {
 
 class BusyWork {
  public:
-  // Calibrates (about 20 ms on this thread) how many loop steps take `us` microseconds.
+  // Calibrates (a few tens of ms on this thread) how many loop steps take `us`
+  // microseconds.
   // us <= 0: Run does nothing.
   explicit BusyWork(double us);
 

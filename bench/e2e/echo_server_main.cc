@@ -21,8 +21,9 @@ ABSL_FLAG(int32_t, page_size, 64, "tokens per page (reported only)");
 ABSL_FLAG(int32_t, max_batch_size, 256, "reported only");
 ABSL_FLAG(int32_t, max_topk, 2048, "reported only");
 ABSL_FLAG(double, work_us, 0,
-          "CPU microseconds spent per decode request before answering (a calibrated loop): "
-          "the ceiling of a server whose only cost beyond gRPC's is that computing; 0 = none");
+          "CPU microseconds spent per decode request before answering (a calibrated loop; a "
+          "DecodeBatch's requests one after another on its gRPC thread): the ceiling of a "
+          "server whose only cost beyond gRPC's is that computing; 0 = none");
 
 namespace {
 std::unique_ptr<grpc::Server> g_server;
