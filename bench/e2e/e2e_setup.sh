@@ -1,6 +1,6 @@
-# Sourced by run_e2e_bench.sh and profile_case.sh: where the binaries are, the shapes, the
-# server flags each backend is benchmarked with, and the cache size, so that both scripts
-# run the same server.
+# Sourced by run_e2e_bench.sh, profile_case.sh and work_ceiling.sh: where the binaries
+# are, the shapes, the server flags each backend is benchmarked with, the cache size (so
+# that the scripts run the same server), and the ports they start servers on.
 
 # e2e_tools BIN: sets SERVER, ECHO and LOADGEN from a CMake build dir or a flat dir
 # (a GPU bundle's bin/) holding decode_loadgen beside echo_server (and decode_server,
@@ -38,4 +38,21 @@ e2e_default_flags() {
 # layer, 2x slack.
 e2e_cache_bytes() {
   echo $((${3:-256} * ($2 + 257) * HKV * D * 2 * $1 * 2))
+}
+
+# e2e_free_port: a TCP port free on 127.0.0.1 now.
+e2e_free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# e2e_wait_listening PID PORT LOG: waits (up to 60 s) until process PID listens on PORT;
+# fails, printing LOG, when the process died first or never listened.
+e2e_wait_listening() {
+  for _ in $(seq 1 300); do
+    kill -0 "$1" 2>/dev/null || { echo "$3: the process died at start-up:" >&2; cat "$3" >&2; return 1; }
+    if python3 -c "import socket; socket.create_connection(('127.0.0.1',$2),1)" 2>/dev/null; then return 0; fi
+    sleep 0.2
+  done
+  echo "$3: not listening on port $2 after 60 s" >&2
+  return 1
 }

@@ -54,11 +54,12 @@ int main(int argc, char** argv) {
     info.add_k_scales(1.0f);
     info.add_v_scales(1.0f);
   }
-  if (absl::GetFlag(FLAGS_work_us) < 0 || absl::GetFlag(FLAGS_work_us) > 1e6) {
+  const double work_us = absl::GetFlag(FLAGS_work_us);
+  if (work_us < 0 || work_us > 1e6) {
     std::fprintf(stderr, "echo_server: --work_us must be in [0, 1e6]\n");
     return 2;
   }
-  sds::bench::EchoService service(info, absl::GetFlag(FLAGS_work_us));
+  sds::bench::EchoService service(info, work_us);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);

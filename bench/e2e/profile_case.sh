@@ -26,11 +26,10 @@ e2e_shape "${SHAPE:-small}" || exit 2
 SHAPE_FLAGS=(--num_layers=2 --num_q_heads="$HQ" --num_kv_heads="$HKV" --head_dim="$D")
 e2e_tools "$BIN"
 CACHE_BYTES=$(e2e_cache_bytes 2 576)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PORT=$(free_port)
+PORT=$(e2e_free_port)
 read -r -a EXTRA <<<"${SERVER_FLAGS-$(e2e_default_flags "$BACKEND")}"
 if [[ $TARGET == server ]]; then
-  "$SERVER" --listen=127.0.0.1:"$PORT" --metrics_listen=127.0.0.1:"$(free_port)" \
+  "$SERVER" --listen=127.0.0.1:"$PORT" --metrics_listen=127.0.0.1:"$(e2e_free_port)" \
     --backend="$BACKEND" "${SHAPE_FLAGS[@]}" --page_size=64 --cache_bytes=$CACHE_BYTES \
     --max_batch_size=256 --max_queue_delay_us=200 --cpu_threads="${CPU_THREADS:-0}" "${EXTRA[@]}" \
     >"$OUT/server.log" 2>&1 &
@@ -40,10 +39,7 @@ else
 fi
 SERVER_PID=$!
 trap 'kill "$SERVER_PID" 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  python3 -c "import socket; socket.create_connection(('127.0.0.1',$PORT),1)" 2>/dev/null && break
-  sleep 0.2
-done
+e2e_wait_listening "$SERVER_PID" "$PORT" "$OUT/server.log"
 "$LOADGEN" --target=127.0.0.1:"$PORT" --prefill_len=576 --topk="$TOPK" \
   --duration_s="$DURATION_S" --warmup_s=1 --timeout_ms=10000 --label=case \
   --json_out="$OUT/loadgen.json" "$@" >"$OUT/loadgen.txt" 2>&1 &

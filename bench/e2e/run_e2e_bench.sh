@@ -66,18 +66,12 @@ if ! command -v gnuplot >/dev/null; then
   echo "run_e2e_bench: WARNING: no gnuplot: plot data and scripts only, no PNGs this run" >&2
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 wait_port() {  # pid port name
-  for _ in $(seq 1 300); do
-    kill -0 "$1" 2>/dev/null || { echo "run_e2e_bench: $3 died at start-up" >&2; cat "$OUT_DIR/$3.log" >&2; exit 1; }
-    if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$2),1)" 2>/dev/null; then return; fi
-    sleep 0.2
-  done
-  echo "run_e2e_bench: $3 not listening on $2" >&2; exit 1
+  e2e_wait_listening "$1" "$2" "$OUT_DIR/$3.log" || { echo "run_e2e_bench: $3 did not start" >&2; exit 1; }
 }
 
 # The server's /metrics text into a file (fails the run when the server does not answer).
@@ -123,12 +117,12 @@ ALL=()
 for shape in $SHAPES; do
   e2e_shape "$shape" || exit 2
   SHAPE=(--num_layers="$LAYERS" --num_q_heads="$HQ" --num_kv_heads="$HKV" --head_dim="$D")
-  ECHO_PORT=$(free_port)
+  ECHO_PORT=$(e2e_free_port)
   "$ECHO" --listen=127.0.0.1:$ECHO_PORT "${SHAPE[@]}" --max_batch_size=256 \
     >"$OUT_DIR/echo_server_$shape.log" 2>&1 &
   ECHO_PID=$!; PIDS+=("$ECHO_PID")
-  SERVER_PORT=$(free_port)
-  METRICS_PORT=$(free_port)
+  SERVER_PORT=$(e2e_free_port)
+  METRICS_PORT=$(e2e_free_port)
   # Sequences of the largest case: 256 streams, or BATCH_CONCURRENCY calls of the largest batch.
   max_sequences=256
   for b in $BATCHES; do

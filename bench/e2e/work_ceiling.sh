@@ -5,8 +5,10 @@
 # median rate as a ratio to W=0's. On a host that the load generator shares with the
 # server (the 2-core VM), every microsecond a server computes comes out of the same
 # cores, so this is the best ratio to the echo that a server doing that much work per
-# request can reach there. Set W to the attention kernel's CPU per request
-# (bench/cpu: BM_CpuDecodeSmall's us_per_batch x threads / batch) and set the result
+# request can reach there. Set W to the attention kernel's CPU per request (bench/cpu:
+# BM_CpuDecodeSmall's us_per_batch x threads / batch, a lower bound: in the server its
+# random reads also evict gRPC's cache lines; on the 2-core VM it cost ~8-9 us per decode
+# in place against 5.7-6.6 in the bench, bench/RESULTS.md session 19) and set the result
 # beside run_e2e_bench.sh's server / echo: the difference is the server's own overhead.
 #
 #   bash bench/e2e/work_ceiling.sh [BIN_DIR]
@@ -45,7 +47,6 @@ rm -f "$OUT_DIR"/*.json "$OUT_DIR"/*.txt "$OUT_DIR"/*.log
 ECHO_PID=""
 cleanup() { if [[ -n $ECHO_PID ]]; then kill "$ECHO_PID" 2>/dev/null || true; fi; }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 case_flags() {  # stream<N> | batch<B>
   case $1 in
@@ -58,16 +59,12 @@ for c in $CASES; do case_flags "$c" >/dev/null || exit 2; done
 
 for r in $(seq 1 "$ROUNDS"); do
   for w in "${WORKS[@]}"; do
-    port=$(free_port)
+    port=$(e2e_free_port)
     "$ECHO" --listen=127.0.0.1:"$port" --num_layers="$LAYERS" --num_q_heads="$HQ" \
       --num_kv_heads="$HKV" --head_dim="$D" --max_batch_size=256 --work_us="$w" \
       >"$OUT_DIR/echo_w${w}_r$r.log" 2>&1 &
     ECHO_PID=$!
-    for _ in $(seq 1 100); do
-      kill -0 "$ECHO_PID" 2>/dev/null || { cat "$OUT_DIR/echo_w${w}_r$r.log" >&2; exit 1; }
-      python3 -c "import socket; socket.create_connection(('127.0.0.1',$port),1)" 2>/dev/null && break
-      sleep 0.2
-    done
+    e2e_wait_listening "$ECHO_PID" "$port" "$OUT_DIR/echo_w${w}_r$r.log"
     for c in $CASES; do
       read -r -a flags <<<"$(case_flags "$c")"
       name=${c}_w${w}_r$r
