@@ -110,6 +110,7 @@ struct Sequence {
   std::vector<int32_t> pages;    // logical page j -> page id; one table for every layer
   std::vector<int64_t> lengths;  // [num_layers] written length of each layer
   int64_t longest = 0;           // max of lengths; kept for CacheStats::tokens
+  uint64_t incarnation = 0;      // unique over the cache's life (PagedKvCache::Incarnation)
 };
 
 }  // namespace
@@ -127,6 +128,7 @@ struct PagedKvCache::Impl {
   std::vector<int32_t> refcount ABSL_GUARDED_BY(mu);   // [num_pages]; 0 = free
   std::vector<int32_t> free_list ABSL_GUARDED_BY(mu);  // stack; back() is handed out next
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;              // sum of Sequence::longest
+  uint64_t next_incarnation ABSL_GUARDED_BY(mu) = 1;
 
   absl::Status CheckLayer(int32_t layer) const {
     if (layer >= 0 && layer < config.num_layers) return absl::OkStatus();
@@ -151,10 +153,20 @@ struct PagedKvCache::Impl {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Sequence*> Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // `incarnation` 0 accepts any; another value must be the one the sequence was
+  // created with, or the sequence is NOT_FOUND: work queued for a released sequence must
+  // not run against a new one of the same name.
+  absl::StatusOr<Sequence*> Find(const std::string& id, uint64_t incarnation = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = sequences.find(id);
     if (it == sequences.end()) {
       return absl::NotFoundError(absl::StrCat("sequence \"", id, "\" not found"));
+    }
+    if (incarnation != 0 && it->second.incarnation != incarnation) {
+      return absl::NotFoundError(absl::StrCat(
+          "sequence \"", id,
+          "\" not found: it was released after the request was accepted (a sequence created "
+          "since under the same id is another sequence)"));
     }
     return &it->second;
   }
@@ -301,6 +313,7 @@ absl::Status PagedKvCache::CreateSequence(const std::string& id, int64_t reserve
   seq.lengths.assign(impl_->config.num_layers, 0);
   seq.pages.reserve(pages);
   for (int64_t i = 0; i < pages; ++i) seq.pages.push_back(impl_->PopFree());
+  seq.incarnation = impl_->next_incarnation++;
   impl_->sequences.emplace(id, std::move(seq));
   return absl::OkStatus();
 }
@@ -315,6 +328,7 @@ absl::Status PagedKvCache::ForkSequence(const std::string& src, const std::strin
   }
   // Copy before inserting: the insert may rehash and move the parent.
   Sequence child = **parent;
+  child.incarnation = impl_->next_incarnation++;
   for (int32_t page : child.pages) ++impl_->refcount[page];
   impl_->tokens += child.longest;
   impl_->sequences.emplace(dst, std::move(child));
@@ -335,14 +349,15 @@ absl::StatusOr<int64_t> PagedKvCache::ReleaseSequence(const std::string& id) {
 }
 
 absl::Status PagedKvCache::PrepareWrite(const std::string& id, int32_t layer, int64_t start,
-                                        int64_t n, std::vector<int64_t>* slots) {
+                                        int64_t n, std::vector<int64_t>* slots,
+                                        uint64_t incarnation) {
   if (slots == nullptr) return absl::InvalidArgumentError("PrepareWrite needs a slots vector");
   if (auto s = impl_->CheckRange(layer, start, n); !s.ok()) return s;
   const int shift = impl_->page_shift;
   const int64_t mask = impl_->config.page_size - 1;
 
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<Sequence*> found = impl_->Find(id);
+  absl::StatusOr<Sequence*> found = impl_->Find(id, incarnation);
   if (!found.ok()) return found.status();
   Sequence& seq = **found;
   if (start > seq.lengths[layer]) {
@@ -402,10 +417,10 @@ absl::Status PagedKvCache::PrepareWrite(const std::string& id, int32_t layer, in
 }
 
 absl::Status PagedKvCache::CommitWrite(const std::string& id, int32_t layer, int64_t start,
-                                       int64_t n) {
+                                       int64_t n, uint64_t incarnation) {
   if (auto s = impl_->CheckRange(layer, start, n); !s.ok()) return s;
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<Sequence*> found = impl_->Find(id);
+  absl::StatusOr<Sequence*> found = impl_->Find(id, incarnation);
   if (!found.ok()) return found.status();
   Sequence& seq = **found;
   if (start > seq.lengths[layer]) {
@@ -423,11 +438,11 @@ absl::Status PagedKvCache::CommitWrite(const std::string& id, int32_t layer, int
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::AppendPageTable(const std::string& id,
-                                           std::vector<int32_t>* pages) const {
+absl::Status PagedKvCache::AppendPageTable(const std::string& id, std::vector<int32_t>* pages,
+                                           uint64_t incarnation) const {
   if (pages == nullptr) return absl::InvalidArgumentError("AppendPageTable needs a vector");
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<Sequence*> found = impl_->Find(id);
+  absl::StatusOr<Sequence*> found = impl_->Find(id, incarnation);
   if (!found.ok()) return found.status();
   pages->insert(pages->end(), (*found)->pages.begin(), (*found)->pages.end());
   return absl::OkStatus();
@@ -439,6 +454,13 @@ absl::StatusOr<int64_t> PagedKvCache::Length(const std::string& id, int32_t laye
   absl::StatusOr<Sequence*> found = impl_->Find(id);
   if (!found.ok()) return found.status();
   return (*found)->lengths[layer];
+}
+
+absl::StatusOr<uint64_t> PagedKvCache::Incarnation(const std::string& id) const {
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<Sequence*> found = impl_->Find(id);
+  if (!found.ok()) return found.status();
+  return (*found)->incarnation;
 }
 
 bool PagedKvCache::Contains(const std::string& id) const {

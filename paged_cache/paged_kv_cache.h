@@ -63,14 +63,23 @@ class PagedKvCache {
   // NOT_FOUND (sequence), INVALID_ARGUMENT (layer, n, start < 0),
   // FAILED_PRECONDITION (start > written length of the layer: a gap),
   // RESOURCE_EXHAUSTED ("needs X pages, Y free"). On error nothing changed.
+  // `incarnation` (here, in CommitWrite and AppendPageTable): 0 for whichever sequence
+  // has the id, else the value Incarnation returned when the caller accepted its work;
+  // a sequence released and created again since is then NOT_FOUND.
   absl::Status PrepareWrite(const std::string& id, int32_t layer, int64_t start, int64_t n,
-                            std::vector<int64_t>* slots);
+                            std::vector<int64_t>* slots, uint64_t incarnation = 0);
   // Records that positions [start, start + n) of `layer` now hold data:
   // length(layer) = max(length(layer), start + n).
-  absl::Status CommitWrite(const std::string& id, int32_t layer, int64_t start, int64_t n);
+  absl::Status CommitWrite(const std::string& id, int32_t layer, int64_t start, int64_t n,
+                           uint64_t incarnation = 0);
 
   // Appends the sequence's page ids (logical page order) to `pages`.
-  absl::Status AppendPageTable(const std::string& id, std::vector<int32_t>* pages) const;
+  absl::Status AppendPageTable(const std::string& id, std::vector<int32_t>* pages,
+                               uint64_t incarnation = 0) const;
+  // A number given to the sequence when it was created or forked, never given again
+  // (never 0): queued work carries it so that a release cannot let it land on a new
+  // sequence of the same id. NOT_FOUND.
+  absl::StatusOr<uint64_t> Incarnation(const std::string& id) const;
   // Written length of `layer` (positions 0..length-1 hold data). NOT_FOUND, INVALID_ARGUMENT.
   absl::StatusOr<int64_t> Length(const std::string& id, int32_t layer) const;
   bool Contains(const std::string& id) const;

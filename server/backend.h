@@ -44,6 +44,15 @@ struct BatchWork {
   DecodeBatch decode;
 };
 
+// A runner's device allocation opened in this process through CUDA IPC; closed
+// (cudaIpcCloseMemHandle) when destroyed.
+class DeviceMapping {
+ public:
+  virtual ~DeviceMapping() = default;
+  // The region's byte 0 on the backend's device: the allocation's base plus the offset.
+  virtual void* device_address() const = 0;
+};
+
 struct BatchTiming {
   int64_t compute_us = 0;  // device time on CUDA (events), wall time on CPU
 };
@@ -68,6 +77,17 @@ class Backend {
   // requests of K x Hkv), for a backend that uses its threads only for larger batches.
   // Default: nothing.
   virtual void Prewake(int64_t /*gathered_rows*/) {}
+  // Opens [offset, offset + byte_size) of the device allocation that `ipc_handle` (the 64
+  // bytes of a cudaIpcMemHandle_t from another process) names on device `device_id`.
+  // INVALID_ARGUMENT for a handle of the wrong size or another device, UNAVAILABLE when
+  // the driver refuses it (with its error); UNIMPLEMENTED by a backend without device
+  // memory.
+  virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenCudaIpcRegion(
+      absl::string_view /*ipc_handle*/, int32_t /*device_id*/, uint64_t /*offset*/,
+      uint64_t /*byte_size*/) {
+    return absl::UnimplementedError(
+        "this server's backend has no device memory: register a system region instead");
+  }
 };
 
 // A Run error after which the backend can run nothing again: the CUDA context is lost to

@@ -22,6 +22,11 @@ absl::Status DecodeAdmission::Admit(
       !s.ok()) {
     return s;
   }
+  absl::StatusOr<uint64_t> incarnation = cache_->Incarnation(key);
+  if (!incarnation.ok()) {  // released since CheckStart
+    return absl::NotFoundError(
+        absl::StrCat("sequence '", request->sequence_id(), "' not found (released)"));
+  }
   if (Clock::now() > deadline) {
     return absl::DeadlineExceededError("deadline passed before the request was queued");
   }
@@ -32,6 +37,7 @@ absl::Status DecodeAdmission::Admit(
   work->response = response;
   work->encoded = encoded;
   work->key = key;
+  work->incarnation = *incarnation;
   work->deadline = deadline;
   work->cancelled = std::move(cancelled);
   work->done = [pending = pending_, key = std::move(key), layer,

@@ -123,13 +123,15 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   int32_t rows = 0;
   for (int32_t i = 0; i < n; ++i) {
     const v1::DecodeRequest& req = *items[i].request;
-    if (items[i].encoded == nullptr) {  // a bug in the caller: nowhere to put the answer
+    if (items[i].encoded == nullptr && !items[i].write_answer) {
+      // A bug in the caller: nowhere to put the answer.
       status[i] = absl::InternalError("decode work item without an answer slot");
       continue;
     }
     status[i] = CheckStillWanted(start, items[i].deadline, items[i].cancelled);
     if (!status[i].ok()) continue;
-    status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots);
+    status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots,
+                                   items[i].incarnation);
     if (!status[i].ok()) continue;
     if (rows != i) staging.MoveRow(rows, i);
     staging.slot()[rows] = slots[0];
@@ -143,7 +145,7 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
     if (row_of[i] < 0) continue;
     pages.clear();
     const v1::DecodeRequest& req = *items[i].request;
-    absl::Status s = cache.AppendPageTable(items[i].key, &pages);
+    absl::Status s = cache.AppendPageTable(items[i].key, &pages, items[i].incarnation);
     const int64_t needed = req.position() / page_size_ + 1;
     if (s.ok() && static_cast<int64_t>(pages.size()) < needed) {
       s = absl::InternalError(absl::StrCat("page table has ", pages.size(), " pages, position ",
@@ -197,8 +199,16 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
         status[i] = batch_error;  // the batch did not reach the backend
       } else if (!run_status.ok()) {
         status[i] = BackendFailure(run_status, "backend failed to run the batch");
+      } else if (item.write_answer) {
+        // Written before the commit: an answer that cannot be delivered (its region was
+        // unregistered) leaves the token uncommitted, as if never sent.
+        status[i] = item.write_answer(staging.out_row(row_of[i]),
+                                      req.return_lse() ? staging.lse_row(row_of[i]) : nullptr);
+        if (status[i].ok()) {
+          status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1, item.incarnation);
+        }
       } else {
-        status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1);
+        status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1, item.incarnation);
       }
       if (status[i].ok()) {
         v1::DecodeResponse* resp = item.response;
@@ -208,7 +218,8 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
         info->set_batch_size(rows);
         info->set_queue_us(Micros(start - item.enqueued));
         info->set_compute_us(timing.compute_us);
-        staging.EncodeAnswer(row_of[i], req.return_lse(), *resp, item.encoded);
+        if (!item.write_answer)
+          staging.EncodeAnswer(row_of[i], req.return_lse(), *resp, item.encoded);
         oldest_wait = std::max(oldest_wait, start - item.enqueued);
       }
     }
@@ -234,7 +245,8 @@ absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
   PagedKvCache& cache = backend_->cache();
   const int64_t n = req.k().shape(0);
   std::vector<int64_t>& slots = SlotScratch();
-  absl::Status s = cache.PrepareWrite(work.key, req.layer(), req.start_position(), n, &slots);
+  absl::Status s =
+      cache.PrepareWrite(work.key, req.layer(), req.start_position(), n, &slots, work.incarnation);
   if (!s.ok()) return s;
   const int64_t row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
   const char* k_bytes = req.k().data().data();
@@ -261,7 +273,7 @@ absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
     }
     total.compute_us += timing.compute_us;
   }
-  s = cache.CommitWrite(work.key, req.layer(), req.start_position(), n);
+  s = cache.CommitWrite(work.key, req.layer(), req.start_position(), n, work.incarnation);
   if (!s.ok()) return s;
   metrics_->AddTokensAppended(n);
   spdlog::debug("prefill: {} tokens of layer {} at {}, compute {} us", n, req.layer(),

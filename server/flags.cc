@@ -1,4 +1,5 @@
 // Command-line flags of decode_server and their validation.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -65,6 +66,20 @@ ABSL_FLAG(int32_t, idle_spin_us, 0,
           "request arriving meanwhile skips a thread wake-up (lower latency at low load) "
           "at the cost of up to two busy cores while idle; for hosts with cores to spare "
           "(GPU servers). 0 = sleep at once; at most 10000");
+ABSL_FLAG(int32_t, max_decode_batch_items, 1024,
+          "most requests one DecodeBatch call may hold (INVALID_ARGUMENT beyond, before "
+          "they are parsed); a call larger than --max_batch_size runs as several batches");
+ABSL_FLAG(int32_t, metrics_threads, 8,
+          "threads serving /metrics: each holds one connection while it waits for its request");
+ABSL_FLAG(int32_t, metrics_request_timeout_ms, 5000,
+          "/metrics: milliseconds a connection may take to send its request (and to read the "
+          "answer) before it is closed");
+ABSL_FLAG(bool, allow_client_shm, false,
+          "accept RegisterRegion and region references in DecodeLayer: tensors in shared "
+          "memory (POSIX shm, CUDA IPC) of runners on this host");
+ABSL_FLAG(int32_t, max_regions_per_tenant, 64,
+          "most shared-memory regions one tenant may register");
+ABSL_FLAG(int64_t, max_region_bytes, int64_t{64} << 30, "largest shared-memory region, in bytes");
 ABSL_FLAG(int32_t, max_topk, 2048, "largest K per request (per KV head for [Hkv, K])");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "CPU backend threads; 0 = the CPUs this process may use (affinity mask and cgroup "
@@ -177,6 +192,13 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   opt.auth_token = absl::GetFlag(FLAGS_auth_token);
+  opt.max_decode_batch_items = absl::GetFlag(FLAGS_max_decode_batch_items);
+  opt.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
+  opt.region_limits.max_regions_per_tenant = absl::GetFlag(FLAGS_max_regions_per_tenant);
+  opt.region_limits.max_region_bytes =
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_max_region_bytes)));
+  opt.metrics_http.threads = absl::GetFlag(FLAGS_metrics_threads);
+  opt.metrics_http.request_timeout_ms = absl::GetFlag(FLAGS_metrics_request_timeout_ms);
 
   for (auto [flag, value] : std::initializer_list<std::pair<const char*, int64_t>>{
            {"num_layers", cache.num_layers},
@@ -187,6 +209,11 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
            {"max_batch_size", opt.backend_config.max_batch_size},
            {"max_topk", opt.backend_config.max_topk},
            {"max_queue_depth", opt.max_queue_depth},
+           {"max_decode_batch_items", opt.max_decode_batch_items},
+           {"metrics_threads", opt.metrics_http.threads},
+           {"max_regions_per_tenant", opt.region_limits.max_regions_per_tenant},
+           {"max_region_bytes", absl::GetFlag(FLAGS_max_region_bytes)},
+           {"metrics_request_timeout_ms", opt.metrics_http.request_timeout_ms},
            {"drain_timeout_s", opt.drain_timeout_s}}) {
     if (absl::Status s = CheckPositive(flag, value); !s.ok()) return s;
   }

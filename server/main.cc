@@ -28,6 +28,7 @@
 #include "server/batcher.h"
 #include "server/executor.h"
 #include "server/heap_tuning.h"
+#include "server/log_throttle.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/mutex_tuning.h"
@@ -79,6 +80,9 @@ ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& mode
   config.model = model;
   config.auth_token = opt.auth_token;
   config.answer_threads = opt.answer_threads;
+  config.max_decode_batch_items = opt.max_decode_batch_items;
+  config.allow_client_shm = opt.allow_client_shm;
+  config.region_limits = opt.region_limits;
   const CacheConfig& cache = opt.backend_config.cache;
   sparse_decode::v1::ModelInfo& info = config.info;
   info.set_num_layers(cache.num_layers);
@@ -210,12 +214,18 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
     g.pages_free = stats.pages_free;
     g.sequences = stats.sequences;
     g.active_streams = service.active_streams();
+    const RegionTotals regions = service.region_totals();
+    g.system_regions = regions.system_regions;
+    g.system_region_bytes = regions.system_bytes;
+    g.cuda_regions = regions.cuda_regions;
+    g.cuda_region_bytes = regions.cuda_bytes;
     return g;
   });
 
   std::unique_ptr<MetricsHttpServer> http;
   if (!opt.metrics_listen.empty()) {
-    auto started = MetricsHttpServer::Start(opt.metrics_listen, [&] { return metrics.Render(); });
+    auto started = MetricsHttpServer::Start(
+        opt.metrics_listen, [&] { return metrics.Render(); }, opt.metrics_http);
     if (!started.ok()) return Fail(std::string(started.status().message()));
     http = *std::move(started);
   }
@@ -304,6 +314,7 @@ int main(int argc, char** argv) {
   const auto level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(level);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
+  sds::server::InstallThrottledProtobufLog();
   auto options = sds::server::OptionsFromFlags();
   if (!options.ok()) {
     std::fprintf(stderr, "decode_server: invalid flags: %s\n",

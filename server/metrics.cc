@@ -234,6 +234,13 @@ std::string Metrics::Render() const {
   absl::StrAppend(&out, "sds_sequences ", gauges.sequences, "\n");
   Header(&out, "sds_active_streams", "gauge", "Open DecodeStream calls.");
   absl::StrAppend(&out, "sds_active_streams ", gauges.active_streams, "\n");
+  Header(&out, "sds_shm_regions", "gauge", "Registered shared-memory regions, by kind.");
+  absl::StrAppend(&out, "sds_shm_regions{kind=\"system\"} ", gauges.system_regions, "\n");
+  absl::StrAppend(&out, "sds_shm_regions{kind=\"cuda\"} ", gauges.cuda_regions, "\n");
+  Header(&out, "sds_shm_region_bytes", "gauge",
+         "Bytes of the registered shared-memory regions, by kind.");
+  absl::StrAppend(&out, "sds_shm_region_bytes{kind=\"system\"} ", gauges.system_region_bytes, "\n");
+  absl::StrAppend(&out, "sds_shm_region_bytes{kind=\"cuda\"} ", gauges.cuda_region_bytes, "\n");
   return out;
 }
 

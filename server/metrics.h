@@ -62,6 +62,11 @@ struct GaugeValues {
   int64_t pages_free = 0;
   int64_t sequences = 0;
   int64_t active_streams = 0;
+  // Registered shared-memory regions (all tenants), by kind; never their names.
+  int64_t system_regions = 0;
+  uint64_t system_region_bytes = 0;
+  int64_t cuda_regions = 0;
+  uint64_t cuda_region_bytes = 0;
 };
 
 class Metrics {

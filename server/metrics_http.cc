@@ -52,11 +52,15 @@ void Knock(const std::vector<unsigned char>& address, int family) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& listen, std::function<std::string()> render) {
+    const std::string& listen, std::function<std::string()> render,
+    const MetricsHttpOptions& http_options) {
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->render_ = std::move(render);
   mg_init_library(0);
-  const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "2", nullptr};
+  const std::string threads = std::to_string(http_options.threads);
+  const std::string timeout = std::to_string(http_options.request_timeout_ms);
+  const char* options[] = {"listening_ports",    listen.c_str(),  "num_threads", threads.c_str(),
+                           "request_timeout_ms", timeout.c_str(), nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof callbacks);
   server->context_ = mg_start(&callbacks, nullptr, options);

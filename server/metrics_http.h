@@ -1,6 +1,7 @@
 // Serves GET /metrics over HTTP with civetweb.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,12 +14,21 @@ struct mg_connection;
 
 namespace sds::server {
 
+// civetweb serves one connection per thread and waits for a request's bytes for as long
+// as the timeout allows: with 2 threads and civetweb's 30 s default, two idle sockets
+// that sent half a request blocked every scrape.
+struct MetricsHttpOptions {
+  int32_t threads = 8;                // --metrics_threads
+  int32_t request_timeout_ms = 5000;  // --metrics_request_timeout_ms: per read and write
+};
+
 class MetricsHttpServer {
  public:
   // `listen` is host:port (civetweb "listening_ports" syntax). `render` produces the
   // exposition text; it runs on civetweb's threads.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& listen, std::function<std::string()> render);
+      const std::string& listen, std::function<std::string()> render,
+      const MetricsHttpOptions& options = {});
   ~MetricsHttpServer();
   int port() const { return port_; }  // the bound port (useful with port 0)
 

@@ -6,6 +6,8 @@
 
 #include "absl/status/statusor.h"
 #include "server/backend.h"
+#include "server/metrics_http.h"
+#include "server/shm_region.h"
 
 namespace sds::server {
 
@@ -24,7 +26,11 @@ struct ServerOptions {
   int32_t idle_spin_us = 0;        // 0: the batcher threads sleep at once
   int32_t concurrent_batches = 0;  // 0: Backend::max_concurrent_runs()
   int32_t drain_timeout_s = 0;
-  std::string auth_token;  // empty = no authentication
+  std::string auth_token;                 // empty = no authentication
+  int32_t max_decode_batch_items = 1024;  // requests per DecodeBatch call
+  MetricsHttpOptions metrics_http;
+  bool allow_client_shm = false;  // shared-memory regions (shm_region.h)
+  RegionLimits region_limits;
 };
 
 // Reads the absl flags (after absl::ParseCommandLine) and checks their combination.

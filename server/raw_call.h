@@ -12,6 +12,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/message_allocator.h>
 
+#include <climits>
 #include <cstddef>
 #include <exception>
 #include <type_traits>
@@ -108,11 +109,12 @@ class RawCall {
 
   // Takes the received message's slices and parses it (a DecodeRequest into one
   // DecodeTensorBytes, a DecodeBatchRequest into one per request), with one answer slot
-  // per request. INVALID_ARGUMENT when it is not a valid encoding.
-  absl::Status Parse(const grpc::ByteBuffer& received) {
+  // per request. INVALID_ARGUMENT when it is not a valid encoding, or a batch of more
+  // than `max_items` requests.
+  absl::Status Parse(const grpc::ByteBuffer& received, int max_items = INT_MAX) {
     if (absl::Status s = wire_.Take(received); !s.ok()) return s;
     if constexpr (kBatch) {
-      absl::Status s = wire_.ParseDecodeBatch(request_, &bytes_);
+      absl::Status s = wire_.ParseDecodeBatch(request_, &bytes_, max_items);
       encoded_.resize(bytes_.size());
       for (EncodedResponse& e : encoded_) e.batch_item = true;
       return s;

@@ -10,6 +10,7 @@
 #include "server/auth.h"
 #include "server/raw_call.h"
 #include "server/rpc_util.h"
+#include "server/serve_call.h"
 #include "server/stream_reactor.h"
 #include "server/validate.h"
 #include "spdlog/spdlog.h"
@@ -19,69 +20,6 @@ namespace sds::server {
 namespace v1 = sparse_decode::v1;
 
 namespace {
-
-// Completes a unary call once: metrics, a log line for bugs, then Finish.
-struct Finisher {
-  grpc::ServerUnaryReactor* reactor;
-  Metrics* metrics;
-  const char* rpc;
-  Clock::time_point start;
-  bool count_rpc;  // false where the items inside the call are counted instead
-
-  void operator()(const absl::Status& status) const {
-    if (count_rpc) metrics->CountRequest(rpc, status.code());
-    metrics->ObserveLatency(rpc, SecondsSince(start));
-    if (status.code() == absl::StatusCode::kInternal) {
-      spdlog::error("{}: {}", rpc, status.ToString());
-    } else if (!status.ok()) {
-      spdlog::debug("{}: {}", rpc, status.ToString());
-    }
-    reactor->Finish(ToGrpc(status));
-  }
-};
-
-// Runs `body(tenant, finish)`; `body` calls `finish` exactly once, now or later.
-template <typename Body>
-grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Metrics* metrics,
-                                const char* rpc, const absl::StatusOr<std::string>& tenant,
-                                Body&& body, bool count_rpc = true) {
-  Finisher finish{context->DefaultReactor(), metrics, rpc, Clock::now(), count_rpc};
-  if (!tenant.ok()) {
-    if (!count_rpc) metrics->CountRequest(rpc, tenant.status().code());
-    finish(tenant.status());
-    return finish.reactor;
-  }
-  try {
-    body(*tenant, finish);
-  } catch (const std::exception& e) {
-    finish(absl::InternalError(absl::StrCat("internal error: ", e.what())));
-  }
-  return finish.reactor;
-}
-
-// A unary method parsed whole by protobuf (TypedCall, raw_call.h): Serve, then the
-// request is parsed (a malformed one is answered INVALID_ARGUMENT and counted) and the
-// received bytes freed (the parsed request is a copy), then
-// `body(tenant, request, response, finish)`; `finish(OK)` sends the serialized response.
-// Request and response live until the last copy of `finish` is gone.
-template <typename Request, typename Response, typename Body>
-grpc::ServerUnaryReactor* ServeTyped(grpc::CallbackServerContext* context, Metrics* metrics,
-                                     const char* rpc, const absl::StatusOr<std::string>& tenant,
-                                     const grpc::ByteBuffer* wire, grpc::ByteBuffer* reply,
-                                     Body&& body) {
-  return Serve(context, metrics, rpc, tenant,
-               [&](const std::string& tenant_id, const Finisher& finished) {
-                 auto call = std::make_shared<TypedCall<Request, Response>>();
-                 const absl::Status parsed = call->Parse(*wire);
-                 // Not read again: the request may wait in the queue for long.
-                 ReleaseReceived(context, wire);
-                 if (!parsed.ok()) return finished(parsed);
-                 auto finish = [finished, call, reply](const absl::Status& s) {
-                   finished(s.ok() ? call->Reply(reply) : s);
-                 };
-                 body(tenant_id, call->request, &call->response, finish);
-               });
-}
 
 constexpr char kDecodeBatchRpc[] = "DecodeBatch";
 
@@ -110,6 +48,7 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
       backend_(backend),
       batcher_(batcher),
       metrics_(metrics),
+      regions_(config_.region_limits),
       admission_(batcher, &backend->cache(), &pending_, config_.model) {
   if (config_.answer_threads > 0)
     answer_pool_ = std::make_unique<TaskPool>(config_.answer_threads, "sds-answer");
@@ -191,6 +130,11 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::AppendKV(grpc::CallbackServerContex
             !s.ok()) {
           return finish(s);
         }
+        absl::StatusOr<uint64_t> incarnation = backend_->cache().Incarnation(work.key);
+        if (!incarnation.ok()) {
+          return finish(ForCaller(incarnation.status(), work.key, request.sequence_id()));
+        }
+        work.incarnation = *incarnation;
         // Counted until the queued work's `done` takes the count over; taken back here on
         // a refusal or an exception before that.
         PendingHold hold(&pending_, work.key, layer, n);
@@ -247,7 +191,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
       [&](const std::string& tenant, const Finisher& finished) {
         auto call = std::make_shared<RawCall<v1::DecodeBatchRequest, v1::DecodeBatchResponse>>(
             8 * DecodeCallBytes(config_.model));
-        if (absl::Status s = call->Parse(*wire); !s.ok()) {
+        if (absl::Status s = call->Parse(*wire, config_.max_decode_batch_items); !s.ok()) {
           metrics_->CountRequest(kDecodeBatchRpc, s.code());  // no item to count it
           return finished(s);
         }

@@ -17,6 +17,7 @@
 #include "server/metrics.h"
 #include "server/model_shape.h"
 #include "server/pending_writes.h"
+#include "server/shm_region.h"
 #include "server/task_pool.h"
 #include "sparse_decode/v1/decode.grpc.pb.h"
 
@@ -39,12 +40,25 @@ using DecodeServiceBase = generated::DecodeService::WithRawCallbackMethod_GetMod
                     generated::DecodeService::WithRawCallbackMethod_DecodeStream<
                         generated::DecodeService::WithRawCallbackMethod_ForkSequence<
                             generated::DecodeService::WithRawCallbackMethod_ReleaseSequence<
-                                generated::DecodeService::Service>>>>>>>>;
+                                generated::DecodeService::WithRawCallbackMethod_RegisterRegion<
+                                    generated::DecodeService::WithRawCallbackMethod_UnregisterRegion<
+                                        generated::DecodeService::WithRawCallbackMethod_ListRegions<
+                                            generated::DecodeService::
+                                                WithRawCallbackMethod_DecodeLayer<
+                                                    generated::DecodeService::
+                                                        WithRawCallbackMethod_DecodeLayerStream<
+                                                            generated::DecodeService::
+                                                                Service>>>>>>>>>>>>>;
 
 struct ServiceConfig {
   ModelShape model;
   std::string auth_token;
   int32_t answer_threads = 0;  // DecodeStream answer pool (task_pool.h); 0 = none
+  int32_t max_decode_batch_items =
+      1024;  // requests per DecodeBatch call (--max_decode_batch_items)
+  // --allow_client_shm: RegisterRegion and region refs in DecodeLayer (shm_region.h).
+  bool allow_client_shm = false;
+  RegionLimits region_limits;
   // Static fields of GetModelInfo; total_pages/free_pages are filled per call.
   sparse_decode::v1::ModelInfo info;
 };
@@ -86,16 +100,48 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   grpc::ServerUnaryReactor* ReleaseSequence(grpc::CallbackServerContext* context,
                                             const grpc::ByteBuffer* request,
                                             grpc::ByteBuffer* response) override;
+  // The shared-memory data plane (region_service.cc).
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  // Raw: a DecodeLayerRequest in, a DecodeLayerResponse out (layer_call.h).
+  grpc::ServerUnaryReactor* DecodeLayer(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  // Raw: DecodeLayerRequest messages in, DecodeLayerResponse messages out.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeLayerStream(
+      grpc::CallbackServerContext* context) override;
+
+  // Regions registered now, for /metrics.
+  RegionTotals region_totals() const { return regions_.Totals(); }
 
  private:
   // Draining check, then authentication; returns the tenant.
   absl::StatusOr<std::string> Admit(const grpc::CallbackServerContext& context) const;
+  // Maps the memory a RegisterRegion names (a system region here, a CUDA one through
+  // the backend).
+  absl::StatusOr<std::shared_ptr<Region>> MapRegion(
+      const sparse_decode::v1::RegisterRegionRequest& request);
+  // Plans one DecodeLayer message (layer_call.h) and queues its items; `finish` runs
+  // once: with the call's error (nothing queued), or OK when every item is answered in
+  // `response`. `request` and `response` must live until then.
+  void RunLayerCall(const std::string& tenant, const sparse_decode::v1::DecodeLayerRequest* request,
+                    sparse_decode::v1::DecodeLayerResponse* response, Clock::time_point deadline,
+                    const std::function<bool()>& cancelled,
+                    std::function<void(const absl::Status&)> finish);
 
   const ServiceConfig config_;
   Backend* const backend_;
   Batcher* const batcher_;
   Metrics* const metrics_;
   PendingWrites pending_;  // before admission_, which points to it
+  RegionRegistry regions_;
   const DecodeAdmission admission_;
   // Writes DecodeStream answers of multi-request batches (null with answer_threads 0).
   // Outlives every stream: the service is destroyed after the gRPC server shut down.

@@ -28,10 +28,17 @@ std::string ShapeText(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// The dtype's name, or its number when the contract has no such value (a newer or a
+// broken client): DType_Name gives an empty string for those.
+std::string DTypeText(v1::DType dtype) {
+  if (v1::DType_IsValid(dtype)) return v1::DType_Name(dtype);
+  return absl::StrCat("unknown dtype value ", static_cast<int>(dtype));
+}
+
 absl::Status CheckDtype(const char* name, const v1::Tensor& t, v1::DType want) {
   if (t.dtype() != want) {
     return Bad(absl::StrCat(name, ": dtype must be ", v1::DType_Name(want), ", got ",
-                            v1::DType_Name(t.dtype())));
+                            DTypeText(t.dtype())));
   }
   return absl::OkStatus();
 }

@@ -281,23 +281,39 @@ absl::Status WireMessage::ParseDecodeRequest(v1::DecodeRequest* request,
 }
 
 absl::Status WireMessage::ParseDecodeBatch(v1::DecodeBatchRequest* batch,
-                                           std::vector<DecodeTensorBytes>* bytes) const {
+                                           std::vector<DecodeTensorBytes>* bytes,
+                                           int max_items) const {
   bytes->clear();
-  return ParseWhole(slices_, size(), "DecodeBatchRequest", [&](CodedInputStream* in) {
-    bool malformed = false;
-    while (const uint32_t tag = NextTag(in, &malformed)) {
-      if (tag != Tag(v1::DecodeBatchRequest::kRequestsFieldNumber, kLen)) {
-        if (!WFL::SkipField(in, tag)) return false;
-        continue;
-      }
-      v1::DecodeRequest* request = batch->add_requests();
-      DecodeTensorBytes* request_bytes = &bytes->emplace_back();
-      if (!ReadDelimited(in, [&] { return ReadDecodeRequestBody(in, request, request_bytes); })) {
-        return false;
-      }
-    }
-    return !malformed;
-  });
+  bool too_many = false;
+  absl::Status parsed =
+      ParseWhole(slices_, size(), "DecodeBatchRequest", [&](CodedInputStream* in) {
+        bool malformed = false;
+        while (const uint32_t tag = NextTag(in, &malformed)) {
+          if (tag != Tag(v1::DecodeBatchRequest::kRequestsFieldNumber, kLen)) {
+            if (!WFL::SkipField(in, tag)) return false;
+            continue;
+          }
+          if (batch->requests_size() >= max_items) {
+            too_many = true;
+            return false;
+          }
+          v1::DecodeRequest* request = batch->add_requests();
+          DecodeTensorBytes* request_bytes = &bytes->emplace_back();
+          if (!ReadDelimited(in,
+                             [&] { return ReadDecodeRequestBody(in, request, request_bytes); })) {
+            return false;
+          }
+        }
+        return !malformed;
+      });
+  if (too_many) {
+    batch->Clear();
+    bytes->clear();
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeBatchRequest holds more than ", max_items,
+                     " requests (the server's --max_decode_batch_items); split it"));
+  }
+  return parsed;
 }
 
 }  // namespace sds::server

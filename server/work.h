@@ -22,6 +22,12 @@ namespace sds::server {
 
 using Clock = std::chrono::steady_clock;
 
+// Where a decode's answer goes when it is not encoded into a reply (a DecodeLayer item):
+// the executor calls it with the row's out [Hq, D] bf16 and lse [Hq] f32 (null unless
+// the request asked for lse) before it commits the token; an error fails the item and
+// nothing is committed.
+using AnswerWriter = std::function<absl::Status(const uint16_t* out, const float* lse)>;
+
 // One token of one layer: append k/v at `position`, then sparse top-K attention.
 struct DecodeWork {
   const sparse_decode::v1::DecodeRequest* request = nullptr;
@@ -33,7 +39,13 @@ struct DecodeWork {
   // the calls send: response_wire.h). On an error the caller answers from `response`.
   sparse_decode::v1::DecodeResponse* response = nullptr;
   EncodedResponse* encoded = nullptr;
+  // Instead of `encoded` (which is then null): where the executor writes the answer's
+  // tensors; `response` still receives request_id and batch.
+  AnswerWriter write_answer;
   std::string key;  // tenant-qualified sequence id (auth.h)
+  // The sequence's PagedKvCache::Incarnation when the request was admitted: the work
+  // fails NOT_FOUND if that sequence is released, whatever is created under the id later.
+  uint64_t incarnation = 0;
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point enqueued;       // set by the batcher
   std::function<bool()> cancelled;  // optional: the caller gave up (not run, CANCELLED)
@@ -45,6 +57,7 @@ struct DecodeWork {
 struct AppendWork {
   const sparse_decode::v1::AppendKVRequest* request = nullptr;
   std::string key;
+  uint64_t incarnation = 0;  // as DecodeWork::incarnation
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point enqueued;
   std::function<bool()> cancelled;  // optional: the caller gave up (not run, CANCELLED)

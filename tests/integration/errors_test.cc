@@ -493,6 +493,54 @@ TEST_F(ErrorsTest, ModelInfoAndHealth) {
   EXPECT_EQ(HealthStatus(channel, "sparse_decode.v1.DecodeService"), 1);
 }
 
+// B1: a DecodeBatch of 4M empty items (8 MB on the wire) used to be parsed whole, 3 GB
+// of items, before any was refused. Past --max_decode_batch_items the call is refused as
+// it is parsed, and the server serves on.
+TEST(ErrorsStandalone, DecodeBatchPastItsItemCapIsRefusedAtOnce) {
+  TestModel model;
+  Harness h(model, {"--max_decode_batch_items=1000"});
+  ASSERT_TRUE(h.ok()) << h.error();
+  std::string empty_items;
+  empty_items.reserve(8000000);
+  for (int i = 0; i < 4000000; ++i) empty_items.append("\x0a\x00", 2);
+  const auto start = std::chrono::steady_clock::now();
+  const grpc::Status s = RawUnary(h, "DecodeBatch", empty_items);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("more than 1000 requests"), std::string::npos)
+      << s.error_message();
+  EXPECT_LT(seconds, 3.0);
+  InputGen gen(5);
+  h.CreateAndPrefill(gen, "after", 4);
+  EXPECT_TRUE(h.DecodeAndCheck(RandomDecode(gen, model, "after", 0, 4, 3, false, 1)).ok());
+}
+
+// B5: protobuf wrote one error line per non-UTF-8 string of a typed request; the
+// server's log handler lets a burst of 10 through and then one a second.
+TEST(ErrorsStandalone, MalformedStringsDoNotFloodTheLog) {
+  TestModel model;
+  Harness h(model);
+  ASSERT_TRUE(h.ok()) << h.error();
+  auto count_lines = [&] {
+    const std::string log = h.server().Log();
+    int lines = 0;
+    for (size_t at = log.find("String field"); at != std::string::npos;
+         at = log.find("String field", at + 1)) {
+      ++lines;
+    }
+    return lines;
+  };
+  const int before = count_lines();
+  for (int i = 0; i < 200; ++i) {
+    const grpc::Status s = RawUnary(h, "CreateSequence", StringField(1, "bad\xffid"));
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  const int logged = count_lines() - before;
+  EXPECT_GT(logged, 0) << "protobuf's line no longer reaches the log at all";
+  EXPECT_LE(logged, 15) << "every malformed string was logged";
+}
+
 TEST(ErrorsStandalone, DefaultScalesAreVisible) {
   TestModel model;
   std::vector<std::string> flags = {"--num_layers=2", "--num_q_heads=8", "--num_kv_heads=4",

@@ -137,5 +137,52 @@ TEST(ForkRelease, ReleaseWhileRequestsAreQueued) {
   ASSERT_TRUE(h.DecodeAndCheck(RandomDecode(gen, model, "bystander", 0, 8, 9, false, 99)).ok());
 }
 
+// Queued work belongs to the sequence it was accepted for, not to its name: after a
+// release, a sequence created again under the same id gets none of the old one's queued
+// decodes (they fail NOT_FOUND), and its cache holds only what was written to it.
+TEST(ForkRelease, QueuedWorkOfAReleasedSequenceNeverRunsOnItsSuccessor) {
+  TestModel model;
+  Harness h(model, {"--max_queue_delay_us=100000", "--max_batch_size=64"});
+  ASSERT_TRUE(h.ok()) << h.error();
+  InputGen gen(29);
+  h.CreateAndPrefill(gen, "reused", 8);
+  grpc::ClientContext context;
+  auto stream = h.stub().DecodeStream(&context);
+  for (int i = 0; i < 10; ++i) {
+    // One per batch (same sequence and layer): most are queued at the release.
+    ASSERT_TRUE(stream->Write(RandomDecode(gen, model, "reused", 0, 8 + i, 6, false, i + 1)));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // < the queue delay
+  ASSERT_TRUE(Release(h, "reused").ok());
+  // The successor has the same id and 8 tokens in every layer, so a stale decode at
+  // position 8 would find it writable and answer OK.
+  h.CreateAndPrefill(gen, "reused", 8);
+  stream->WritesDone();
+  v1::DecodeResponse response;
+  int ok = 0, not_found = 0, other = 0;
+  while (stream->Read(&response)) {
+    if (response.error_code() == 0) {
+      ++ok;
+    } else if (response.error_code() == grpc::StatusCode::NOT_FOUND) {
+      ++not_found;
+    } else {
+      ++other;
+      ADD_FAILURE() << "stale request " << response.request_id() << " answered "
+                    << response.error_code() << ": " << response.error_message();
+    }
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(ok + not_found + other, 10);
+  EXPECT_GT(not_found, 0) << "the release did not overtake any queued request";
+  EXPECT_LE(ok, 2) << "requests ran after the release";
+  // Layer 0 of the successor holds its 8 prefilled tokens and nothing else: one more
+  // token at position 8 makes 9.
+  v1::AppendKVRequest append = RandomAppend(gen, model, "reused", 0, 8, 1);
+  v1::AppendKVResponse appended;
+  const grpc::Status s = h.stub().AppendKV(Context().get(), append, &appended);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(appended.length(), 9) << "a stale decode wrote into the new sequence";
+}
+
 }  // namespace
 }  // namespace sds::itest

@@ -1,8 +1,13 @@
 // /metrics after known traffic: the text is valid (promtool check metrics), the
 // counters say what happened, and a real Prometheus scraping the server sees it.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <thread>
 #include <vector>
@@ -223,6 +228,66 @@ TEST_F(MetricsTest, PrometheusScrapesTheServer) {
   }
   StopProcess(pid, std::chrono::seconds(5));
   EXPECT_TRUE(seen) << "Prometheus never reported " << kDecodes << "; last answer: " << last;
+}
+
+// An open socket to the metrics port that sent half a request and then nothing.
+class HalfSentRequest {
+ public:
+  explicit HalfSentRequest(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const char half[] = "GET /metrics HTTP/1.1\r\n";
+    ok_ = fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+          write(fd_, half, sizeof half - 1) == static_cast<ssize_t>(sizeof half - 1);
+  }
+  ~HalfSentRequest() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+double SecondsToScrape(int port, int* status) {
+  const auto start = std::chrono::steady_clock::now();
+  HttpGet(port, "/metrics", status);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// B2: two idle half-sent requests used to hold both of civetweb's threads for its 30 s
+// request timeout, and every scrape timed out meanwhile.
+TEST(MetricsEndpoint, HalfSentRequestsDoNotBlockScrapes) {
+  Harness h(TestModel{});
+  ASSERT_TRUE(h.ok()) << h.error();
+  const int port = h.server().metrics_port();
+  std::vector<std::unique_ptr<HalfSentRequest>> idle;
+  for (int i = 0; i < 2; ++i) {
+    idle.push_back(std::make_unique<HalfSentRequest>(port));
+    ASSERT_TRUE(idle.back()->ok());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // civetweb takes them
+  int status = 0;
+  EXPECT_LT(SecondsToScrape(port, &status), 2.0);
+  EXPECT_EQ(status, 200);
+}
+
+// As many idle sockets as threads: each is closed after --metrics_request_timeout_ms, so
+// a scrape waits that long at most.
+TEST(MetricsEndpoint, IdleConnectionsAreClosedAfterTheRequestTimeout) {
+  Harness h(TestModel{}, {"--metrics_threads=2", "--metrics_request_timeout_ms=500"});
+  ASSERT_TRUE(h.ok()) << h.error();
+  const int port = h.server().metrics_port();
+  HalfSentRequest first(port), second(port);
+  ASSERT_TRUE(first.ok() && second.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  int status = 0;
+  EXPECT_LT(SecondsToScrape(port, &status), 3.0);
+  EXPECT_EQ(status, 200);
 }
 
 }  // namespace

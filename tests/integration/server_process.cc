@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -229,6 +230,9 @@ std::string HttpGet(int port, const std::string& path, int* status) {
   *status = 0;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
+  // A server that never answers fails the call (status 0) instead of hanging the test.
+  const timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));

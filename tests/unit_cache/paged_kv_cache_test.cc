@@ -141,6 +141,34 @@ TEST(PagedKvCache, UnknownSequenceIsNotFound) {
   EXPECT_FALSE(cache->Contains("x"));
 }
 
+TEST(PagedKvCache, IncarnationSeparatesASequenceFromItsSuccessor) {
+  auto cache = MakeCache(SmallConfig());
+  ASSERT_TRUE(cache->CreateSequence("s", 0).ok());
+  const absl::StatusOr<uint64_t> first = cache->Incarnation("s");
+  ASSERT_TRUE(first.ok());
+  EXPECT_NE(*first, 0u);
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->PrepareWrite("s", 0, 0, 1, &slots, *first).ok());
+  ASSERT_TRUE(cache->CommitWrite("s", 0, 0, 1, *first).ok());
+  ASSERT_TRUE(cache->ForkSequence("s", "f").ok());
+  EXPECT_NE(*cache->Incarnation("f"), *first);
+  ASSERT_TRUE(cache->ReleaseSequence("s").ok());
+  ASSERT_TRUE(cache->CreateSequence("s", 0).ok());
+  const uint64_t second = *cache->Incarnation("s");
+  EXPECT_NE(second, *first);
+  // Work accepted for the first "s" finds no sequence; the successor is untouched.
+  EXPECT_EQ(cache->PrepareWrite("s", 0, 0, 1, &slots, *first).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache->CommitWrite("s", 0, 0, 1, *first).code(), absl::StatusCode::kNotFound);
+  std::vector<int32_t> pages;
+  EXPECT_EQ(cache->AppendPageTable("s", &pages, *first).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*cache->Length("s", 0), 0);
+  EXPECT_TRUE(pages.empty());
+  // 0 and the current incarnation both reach the successor.
+  EXPECT_TRUE(cache->PrepareWrite("s", 0, 0, 1, &slots, second).ok());
+  EXPECT_TRUE(cache->PrepareWrite("s", 0, 0, 1, &slots).ok());
+  EXPECT_EQ(cache->Incarnation("gone").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(PagedKvCache, BadArgumentsAreInvalid) {
   auto cache = MakeCache(SmallConfig());
   ASSERT_TRUE(cache->CreateSequence("a", 0).ok());

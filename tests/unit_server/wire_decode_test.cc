@@ -195,7 +195,7 @@ void ExpectSameAsProtobuf(const std::string& encoded, std::mt19937& rng, const s
   ASSERT_EQ(wire.size(), encoded.size());
   v1::DecodeBatchRequest parsed;
   std::vector<DecodeTensorBytes> bytes;
-  const absl::Status s = wire.ParseDecodeBatch(&parsed, &bytes);
+  const absl::Status s = wire.ParseDecodeBatch(&parsed, &bytes, 1 << 20);
   ASSERT_EQ(s.ok(), typed_ok) << s << "; the message: " << Hex(encoded);
   if (!s.ok()) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -243,7 +243,7 @@ TEST(WireDecode, RandomBatchesMatchProtobuf) {
     ASSERT_TRUE(wire.Take(Sliced(encoded, rng)).ok());
     v1::DecodeBatchRequest parsed;
     std::vector<DecodeTensorBytes> bytes;
-    ASSERT_TRUE(wire.ParseDecodeBatch(&parsed, &bytes).ok());
+    ASSERT_TRUE(wire.ParseDecodeBatch(&parsed, &bytes, 1 << 20).ok());
     for (size_t i = 0; i < bytes.size(); ++i) {
       invalid += !ValidateDecode(parsed.requests(i), bytes[i], kModel).ok();
       pieces += bytes[i].q.num_pieces() > 1;
@@ -298,7 +298,7 @@ TEST(WireDecode, SingleRequestAndEmptyMessage) {
   ASSERT_TRUE(empty.Take(grpc::ByteBuffer()).ok());
   v1::DecodeBatchRequest batch;
   std::vector<DecodeTensorBytes> none;
-  EXPECT_TRUE(empty.ParseDecodeBatch(&batch, &none).ok());
+  EXPECT_TRUE(empty.ParseDecodeBatch(&batch, &none, 1).ok());
   EXPECT_EQ(batch.requests_size(), 0);
 }
 
@@ -322,6 +322,28 @@ TEST(TensorBytes, ElementRunsAcrossPieces) {
       EXPECT_EQ(Copy(t), data);
     }
   }
+}
+
+// B1: a DecodeBatch of empty items costs 2 bytes each on the wire; the parser stops at
+// the cap before building the item past it, whatever the message holds after it.
+TEST(WireDecode, BatchPastItsItemCapIsRefusedBeforeItsItemsAreBuilt) {
+  std::string encoded;
+  for (int i = 0; i < 4000; ++i) encoded += std::string("\x0a\x00", 2);
+  WireMessage wire;
+  std::mt19937 rng(1);
+  ASSERT_TRUE(wire.Take(Sliced(encoded, rng)).ok());
+  v1::DecodeBatchRequest parsed;
+  std::vector<DecodeTensorBytes> bytes;
+  const absl::Status refused = wire.ParseDecodeBatch(&parsed, &bytes, 1000);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("more than 1000 requests"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("--max_decode_batch_items"), std::string::npos) << refused;
+  EXPECT_EQ(parsed.requests_size(), 0);
+  EXPECT_TRUE(bytes.empty());
+  // At the cap it parses.
+  parsed.Clear();
+  ASSERT_TRUE(wire.ParseDecodeBatch(&parsed, &bytes, 4000).ok());
+  EXPECT_EQ(parsed.requests_size(), 4000);
 }
 
 }  // namespace

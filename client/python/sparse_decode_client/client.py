@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 
 from ._stubs import pb, pb_grpc
+from .layer import LayerCalls
 from .tensors import as_bf16_bits, bf16_bits_to_float32, bf16_tensor, int32_tensor, read_tensor
 
 
@@ -99,7 +100,7 @@ class DecodeBatchFuture:
         return _batch_results(resp, self._count, self._raise_on_error)
 
 
-class DecodeClient:
+class DecodeClient(LayerCalls):
     """Connects to a decode server.
 
     timeout: default deadline in seconds of every call; tenant_id and token are sent as
@@ -119,8 +120,14 @@ class DecodeClient:
         self._info = None
         self._ids = itertools.count(1)
         self._ids_lock = threading.Lock()
+        self._regions = []  # registered by this client, for decode_layer's references
 
     def close(self):
+        for region in list(self._regions):
+            try:
+                region.close()
+            except DecodeError:
+                pass  # the server may be gone already
         self._channel.close()
 
     def __enter__(self):
@@ -229,6 +236,35 @@ class DecodeClient:
 
     def _batch_requests(self, requests):
         return [r if isinstance(r, pb.DecodeRequest) else self.make_request(**r) for r in requests]
+
+    # -- shared-memory regions (the server runs with --allow_client_shm) ------------------
+    def register_system_region(self, name, byte_size):
+        """Creates `byte_size` bytes of POSIX shared memory and registers them as `name`.
+        Returns a SystemRegion: .numpy(shape, dtype) / .torch(shape, dtype) give views
+        that decode_layer sends by reference; .close() unregisters and frees it."""
+        from .regions import SystemRegion
+        return SystemRegion(self, name, byte_size)
+
+    def register_cuda_region(self, name, tensor):
+        """Registers a contiguous torch CUDA tensor's memory (CUDA IPC) as `name`.
+        Returns a CudaRegion: tensors inside it (.torch(shape, dtype)) travel by
+        reference, read and written by the server on the GPU."""
+        from .regions import CudaRegion
+        return CudaRegion(self, name, tensor)
+
+    def list_regions(self, timeout=None):
+        """This tenant's regions on the server: a list of dicts (name, kind, byte_size,
+        calls_in_flight)."""
+        resp = self._call(self._stub.ListRegions, pb.ListRegionsRequest(), timeout)
+        return [dict(name=r.name, kind=r.kind, byte_size=r.byte_size,
+                     calls_in_flight=r.calls_in_flight) for r in resp.regions]
+
+    def _remember_region(self, region):
+        self._regions.append(region)
+
+    def _forget_region(self, region):
+        if region in self._regions:
+            self._regions.remove(region)
 
     def stream(self, timeout=None):
         """Opens a DecodeStream (see DecodeStream); `timeout` bounds its whole life."""

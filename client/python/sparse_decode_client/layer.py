@@ -1,0 +1,192 @@
+"""DecodeLayer: one layer's packed batch in one call, tensors by region reference where
+they lie in a registered region (regions.py) and as bytes otherwise."""
+import dataclasses
+from typing import List, Optional
+
+import numpy as np
+
+from ._stubs import pb
+from .regions import address_of
+
+_BF16, _INT32, _FP32 = "bf16", "int32", "fp32"
+_PB_DTYPE = {_BF16: pb.BF16, _INT32: pb.INT32, _FP32: pb.FP32}
+
+
+@dataclasses.dataclass
+class LayerResult:
+    out: object                 # [B, Hq, D] bf16: the caller's `out`, or a new array/tensor
+    lse: Optional[object]       # [B, Hq] float32 when asked for
+    errors: List[Optional[Exception]]  # per item: None, or the item's DecodeError
+    batch: dict                 # BatchInfo of the last batch that ran an item
+
+    @property
+    def ok(self):
+        return all(e is None for e in self.errors)
+
+
+def _kind(array):
+    """The element type of a numpy array or torch tensor, as this module names it."""
+    if isinstance(array, np.ndarray):
+        if array.dtype == np.uint16 or array.dtype.name == "bfloat16":  # bits, or ml_dtypes
+            return _BF16
+        if array.dtype == np.int32:
+            return _INT32
+        if array.dtype == np.float32:
+            return _FP32
+        return str(array.dtype)
+    if hasattr(array, "dtype") and hasattr(array, "data_ptr"):
+        import torch
+        return {torch.bfloat16: _BF16, torch.int32: _INT32, torch.float32: _FP32}.get(
+            array.dtype, str(array.dtype))
+    raise TypeError(f"expected a numpy array or a torch tensor, got {type(array).__name__}")
+
+
+def _check(name, array, kind, shape, layout):
+    got = _kind(array)
+    if got != kind:
+        hint = ""
+        if kind == _BF16:
+            hint = (" (convert first: torch .to(torch.bfloat16), ml_dtypes.bfloat16, or "
+                    "float32_to_bf16_bits for uint16 bits)")
+        raise TypeError(f"{name}: dtype must be {kind}, got {got}{hint}")
+    if tuple(array.shape) != tuple(shape):
+        hint = ""
+        if len(array.shape) == 4:
+            hint = (" (a [batch, heads, seq, head_dim] layout such as transformers' is not "
+                    "accepted: pass the decode token's [batch, heads, head_dim])")
+        raise ValueError(f"{name}: shape must be {layout} = {list(shape)}, got "
+                         f"{list(array.shape)}{hint}")
+
+
+def _bytes(array):
+    if isinstance(array, np.ndarray):
+        return np.ascontiguousarray(array).tobytes()
+    import torch
+    flat = array.detach().contiguous().view(-1)
+    if flat.dtype == torch.bfloat16:
+        flat = flat.view(torch.int16)
+    return flat.cpu().numpy().tobytes()
+
+
+class LayerCalls:
+    """decode_layer, mixed into DecodeClient."""
+
+    def _region_for(self, array):
+        loc = address_of(array)
+        if loc is None:
+            return None
+        address, nbytes, device = loc
+        for region in self._regions:
+            if (region.kind == "cuda") == (device == "cuda") and region.contains(address, nbytes):
+                return region.ref(address, nbytes)
+        return None
+
+    def _packed(self, name, array, kind, shape, layout, output=False):
+        _check(name, array, kind, shape, layout)
+        ref = self._region_for(array)
+        t = pb.PackedTensor(dtype=_PB_DTYPE[kind], shape=list(shape))
+        if ref is not None:
+            t.ref.CopyFrom(ref)
+            return t, True
+        if output:
+            return None, False  # comes back inline; copied into `array` on return
+        if hasattr(array, "is_cuda") and array.is_cuda:
+            raise ValueError(f"{name}: a CUDA tensor outside every registered CUDA region "
+                             "(register_cuda_region its memory first)")
+        t.data = _bytes(array)
+        return t, False
+
+    def decode_layer(self, layer, sequence_ids, positions, q, gate, k, v, indices, topk=None,
+                     out=None, lse=None, return_lse=False, request_id=None, timeout=None,
+                     raise_on_error=True):
+        """One layer's decode step for B sequences in one call.
+
+        q, gate: [B, Hq, D] bf16; k, v: [B, Hkv, D] bf16 (each item's new token, written
+        at positions[b]); indices: [B, K] or [B, Hkv, K] int32, -1 = skip; topk: optional
+        [B] ints, the used prefix of each item's list. bf16 is torch.bfloat16,
+        ml_dtypes.bfloat16 or uint16 bits. out ([B, Hq, D] bf16) and lse ([B, Hq] float32)
+        receive the outputs when given: written in place by the server when they lie in
+        a registered region, else copied in on return. Shapes and dtypes must match
+        exactly; nothing is reshaped or converted.
+
+        Returns LayerResult. Raises DecodeError for a bad call, and for the first failed
+        item unless raise_on_error=False (then see LayerResult.errors).
+        """
+        from .client import DecodeError
+        hq, hkv, d = self.shape
+        b = len(sequence_ids)
+        if len(positions) != b:
+            raise ValueError(f"positions has {len(positions)} values for {b} sequence_ids")
+        per_head = len(getattr(indices, "shape", ())) == 3
+        kk = indices.shape[-1] if len(getattr(indices, "shape", ())) >= 2 else 0
+        req = pb.DecodeLayerRequest(layer=layer, sequence_ids=list(sequence_ids),
+                                    positions=[int(p) for p in positions],
+                                    return_lse=bool(return_lse or lse is not None),
+                                    request_id=request_id or self.next_request_id())
+        if topk is not None:
+            req.topk.extend(int(t) for t in topk)
+        any_cuda = False
+        for name, array, shape, layout in (("q", q, (b, hq, d), "[B, Hq, D]"),
+                                           ("gate", gate, (b, hq, d), "[B, Hq, D]"),
+                                           ("k", k, (b, hkv, d), "[B, Hkv, D]"),
+                                           ("v", v, (b, hkv, d), "[B, Hkv, D]")):
+            t, by_ref = self._packed(name, array, _BF16, shape, layout)
+            getattr(req, name).CopyFrom(t)
+            any_cuda |= by_ref and getattr(array, "is_cuda", False)
+        idx_shape = (b, hkv, kk) if per_head else (b, kk)
+        t, by_ref = self._packed("indices", indices, _INT32, idx_shape,
+                                 "[B, Hkv, K]" if per_head else "[B, K]")
+        req.indices.CopyFrom(t)
+        any_cuda |= by_ref and getattr(indices, "is_cuda", False)
+        out_by_ref = lse_by_ref = False
+        if out is not None:
+            t, out_by_ref = self._packed("out", out, _BF16, (b, hq, d), "[B, Hq, D]", output=True)
+            if out_by_ref:
+                req.out.CopyFrom(t)
+        if lse is not None:
+            t, lse_by_ref = self._packed("lse", lse, _FP32, (b, hq), "[B, Hq]", output=True)
+            if lse_by_ref:
+                req.lse.CopyFrom(t)
+        if any_cuda:
+            import torch
+            torch.cuda.current_stream().synchronize()  # the server reads on its own stream
+        resp = self._call(self._stub.DecodeLayer, req, timeout)
+        if len(resp.error_codes) != b:
+            raise DecodeError.from_int(13, f"the server answered {len(resp.error_codes)} "
+                                           f"items for {b}")
+        errors = [None if c == 0 else DecodeError.from_int(c, m)
+                  for c, m in zip(resp.error_codes, resp.error_messages)]
+        if raise_on_error:
+            for i, e in enumerate(errors):
+                if e is not None:
+                    raise DecodeError(e.code, f"item {i} ({sequence_ids[i]}): {e.message}")
+        out = self._deliver(out, out_by_ref, resp.out, "<u2", (b, hq, d), q)
+        if req.return_lse:
+            lse = self._deliver(lse, lse_by_ref, resp.lse, "<f4", (b, hq), None)
+        bi = resp.batch
+        return LayerResult(out, lse if req.return_lse else None, errors,
+                           dict(batch_id=bi.batch_id, batch_size=bi.batch_size,
+                                queue_us=bi.queue_us, compute_us=bi.compute_us))
+
+    @staticmethod
+    def _deliver(dest, by_ref, tensor, np_dtype, shape, like):
+        """The output as the caller gets it: `dest` (written by the server, or filled
+        here from the inline bytes), else a new array (a torch tensor when `like` is)."""
+        if by_ref:
+            return dest
+        values = np.frombuffer(tensor.data, dtype=np_dtype).reshape(shape)
+        if dest is None:
+            if like is not None and hasattr(like, "data_ptr"):
+                import torch
+                t = torch.from_numpy(values.copy().view(np.int16)).view(torch.bfloat16)
+                return t.to(like.device)
+            return values.copy()
+        if isinstance(dest, np.ndarray):
+            dest[...] = values.view(dest.dtype)
+            return dest
+        import torch
+        src = torch.from_numpy(values.copy().view(np.int16 if np_dtype == "<u2" else np.float32))
+        if np_dtype == "<u2":
+            src = src.view(torch.bfloat16)
+        dest.copy_(src.to(dest.device))
+        return dest

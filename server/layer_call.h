@@ -1,0 +1,98 @@
+// A DecodeLayer call (one layer's packed batch, DESIGN.md "Shared-memory regions")
+// turned into the per-item work the batcher runs. Checked once here, at the entry: the
+// packed tensors' dtypes and exact shapes, every region reference (registered by the
+// caller's tenant, inside the region, the size the shape needs, outputs in host memory
+// and overlapping nothing else). Then each item becomes one decode request whose tensor
+// bytes are views into the packed tensors (inline bytes or mapped shared memory), and
+// is admitted, validated (NaN/Inf, index range) and answered on its own, exactly as an
+// item of a DecodeBatch. Outputs are written by the executor through each item's
+// AnswerWriter, into the caller's region or the response.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "google/protobuf/arena.h"
+#include "server/model_shape.h"
+#include "server/shm_region.h"
+#include "server/tensor_bytes.h"
+#include "server/work.h"
+#include "sparse_decode/v1/decode.pb.h"
+
+namespace sds::server {
+
+struct LayerCallLimits {
+  int32_t max_items = 1024;    // --max_decode_batch_items
+  bool allow_regions = false;  // --allow_client_shm
+};
+
+class LayerCall {
+ public:
+  // Checks `request` (which, with `response`, must outlive the call) and resolves its
+  // references in `registry` (may be null when regions are off). INVALID_ARGUMENT for a
+  // bad shape, dtype or reference, NOT_FOUND for a region the tenant has not registered,
+  // FAILED_PRECONDITION for references while the server has regions off.
+  static absl::StatusOr<std::unique_ptr<LayerCall>> Plan(
+      const std::string& tenant, const sparse_decode::v1::DecodeLayerRequest* request,
+      sparse_decode::v1::DecodeLayerResponse* response, const ModelShape& model,
+      const RegionRegistry* registry, const LayerCallLimits& limits);
+  ~LayerCall();
+
+  int32_t size() const { return static_cast<int32_t>(items_.size()); }
+  // Item b as a decode request: its metadata (tensor data empty), views of its bytes,
+  // the response whose request_id and batch the executor fills, and its writer.
+  const sparse_decode::v1::DecodeRequest* item(int32_t b) const { return items_[b]; }
+  const DecodeTensorBytes& bytes(int32_t b) const { return bytes_[b]; }
+  sparse_decode::v1::DecodeResponse* item_response(int32_t b) { return item_responses_[b]; }
+  AnswerWriter Writer(int32_t b);
+
+  // Records item b's outcome; true for the last item of the call, after which the
+  // response is complete (codes, messages, the last batch's BatchInfo).
+  bool Finish(int32_t b, const absl::Status& status);
+
+ private:
+  LayerCall() = default;
+  // An input's bytes: a pointer and its byte size.
+  struct Span {
+    const char* data = nullptr;
+    uint64_t bytes = 0;
+    const Region* region = nullptr;  // null for inline bytes
+  };
+  // The host address of `t`'s bytes (inline or in its region), after the checks.
+  absl::StatusOr<Span> Resolve(const char* name, const sparse_decode::v1::PackedTensor& t,
+                               uint64_t want_bytes, bool output);
+
+  const std::string* tenant_ = nullptr;
+  const RegionRegistry* registry_ = nullptr;
+  LayerCallLimits limits_;
+  const sparse_decode::v1::DecodeLayerRequest* request_ = nullptr;
+  sparse_decode::v1::DecodeLayerResponse* response_ = nullptr;
+  ModelShape model_;
+  google::protobuf::Arena arena_;
+  std::vector<sparse_decode::v1::DecodeRequest*> items_;            // [B], in arena_
+  std::vector<sparse_decode::v1::DecodeResponse*> item_responses_;  // [B], in arena_
+  std::vector<DecodeTensorBytes> bytes_;                            // [B]
+  // The regions the call references, each held (and counted in flight) until the call
+  // is destroyed; a revoked one fails the items not yet written.
+  std::vector<std::shared_ptr<Region>> regions_;
+  struct Ref {
+    const Region* region;
+    uint64_t begin, end;
+    bool output;
+    const char* name;
+  };
+  std::vector<Ref> refs_;
+  const Region* out_region_ = nullptr;  // null: inline out
+  const Region* lse_region_ = nullptr;  // null: inline lse (or none)
+  char* out_ = nullptr;                 // [B, Hq, D] bf16
+  char* lse_ = nullptr;                 // [B, Hq] f32, null when not asked for
+  std::vector<absl::Status> status_;    // [B]
+  std::atomic<int32_t> remaining_{0};
+};
+
+}  // namespace sds::server
