@@ -1,0 +1,444 @@
+#!/usr/bin/env python3
+"""The shared-memory data plane against the real decode_server (cpu backend): DecodeLayer
+with tensors in registered POSIX shared memory gives the bits DecodeBatch gives for the
+same items, inline bytes too; every bad reference is refused with its code and writes
+nothing; an unregistered region is never written; regions are per tenant, counted in
+/metrics without their names, and off without --allow_client_shm.
+
+    python3 test_layer_shm.py --server build/server/decode_server
+"""
+import argparse
+import subprocess
+import sys
+import textwrap
+import time
+import unittest
+import urllib.request
+
+import grpc
+import numpy as np
+
+import reference as ref
+from sds_testutil import ServerProcess, free_port
+
+from sparse_decode_client import DecodeClient, DecodeError, float32_to_bf16_bits
+from sparse_decode_client._stubs import pb
+
+SERVER = None
+PREFILL = 37  # not a page multiple: new tokens land mid-page and at page 3's start
+PAGE = 16
+POISON = 0xFFFF  # a NaN pattern no output holds
+
+
+def start_server(hq, hkv, d, extra=()):
+    metrics_port = free_port()
+    argv = [SERVER, "--backend=cpu", "--num_layers=2", f"--num_q_heads={hq}",
+            f"--num_kv_heads={hkv}", f"--head_dim={d}", f"--page_size={PAGE}",
+            "--cache_pages=512", "--max_batch_size=16", "--max_queue_delay_us=300",
+            "--cpu_threads=2", f"--metrics_listen=127.0.0.1:{metrics_port}", *extra]
+
+    def ready(address):
+        with DecodeClient(address, timeout=2) as c:
+            c.model_info()
+        return True
+
+    server = ServerProcess(argv, ready, name="decode_server")
+    server.metrics_port = metrics_port
+    return server
+
+
+class LayerCase(unittest.TestCase):
+    HQ, HKV, D = 8, 2, 64
+    B = 5  # odd, and at least 5 (test_each_item_fails_alone)
+
+    @classmethod
+    def setUpClass(cls):
+        if cls is LayerCase:
+            raise unittest.SkipTest("base class")
+        cls.server = start_server(cls.HQ, cls.HKV, cls.D, ["--allow_client_shm"])
+        cls.client = DecodeClient(cls.server.address, timeout=30)
+        cls.rng = np.random.default_rng()
+        cls.mirror = {}  # (seq, layer) -> [(k_bits, v_bits)] per position
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+
+    def bf16(self, *shape, scale=1.0):
+        return float32_to_bf16_bits(self.rng.standard_normal(shape).astype(np.float32) * scale)
+
+    def prefill(self, seq, n=PREFILL):
+        self.client.create_sequence(seq, reserve_tokens=n + 4)
+        for layer in range(2):
+            k, v = self.bf16(n, self.HKV, self.D, scale=2.0), self.bf16(n, self.HKV, self.D)
+            self.assertEqual(self.client.append_kv(seq, layer, 0, k, v), n)
+            self.mirror[(seq, layer)] = [(k[t], v[t]) for t in range(n)]
+
+    def batch_inputs(self, per_head, k=20):
+        b, hq, hkv, d = self.B, self.HQ, self.HKV, self.D
+        idx_shape = (b, hkv, k) if per_head else (b, k)
+        idx = self.rng.integers(0, PREFILL + 1, size=idx_shape).astype(np.int32)
+        flat = idx.reshape(b, -1)
+        flat[:, 0] = PREFILL   # the new token itself
+        flat[:, 1] = -1        # padding
+        flat[:, 2] = flat[:, 3]  # a duplicate
+        flat[:, 4] = PAGE - 1  # the last slot of page 0
+        flat[:, 5] = PAGE      # the first of page 1
+        return dict(q=self.bf16(b, hq, d), gate=self.bf16(b, hq, d),
+                    k=self.bf16(b, hkv, d, scale=2.0), v=self.bf16(b, hkv, d), indices=idx)
+
+    def forked(self, tag):
+        """B prefilled sequences, each forked into an 'a' and a 'b' copy."""
+        base = [f"{self.id()}-{tag}-{i}" for i in range(self.B)]
+        for s in base:
+            self.prefill(s)
+            for side in "ab":
+                self.client.fork_sequence(s, f"{s}-{side}")
+                for layer in range(2):
+                    self.mirror[(f"{s}-{side}", layer)] = list(self.mirror[(s, layer)])
+        return [f"{s}-a" for s in base], [f"{s}-b" for s in base]
+
+    def bytes_path(self, seqs, layer, x, topk=None):
+        reqs = []
+        for i, s in enumerate(seqs):
+            idx = x["indices"][i]
+            if topk is not None:
+                idx = idx[..., :topk[i]]
+            reqs.append(dict(sequence_id=s, layer=layer, position=PREFILL, q=x["q"][i],
+                             k=x["k"][i], v=x["v"][i], gate=x["gate"][i],
+                             indices=np.ascontiguousarray(idx), return_lse=True))
+        return self.client.decode_batch(reqs, raise_on_error=True)
+
+    def reference(self, seq, layer, x, i, topk=None):
+        rows = self.mirror[(seq, layer)][:PREFILL] + [(x["k"][i], x["v"][i])]
+        info = self.client.model_info()
+        ks = info.k_scales[layer] if info.k_scales else 1.0
+        vs = info.v_scales[layer] if info.v_scales else 1.0
+        k_dq = ref.dequantised(np.stack([r[0] for r in rows]), info.scale_mode, ks)
+        v_dq = ref.dequantised(np.stack([r[1] for r in rows]), info.scale_mode, vs)
+        idx = x["indices"][i] if topk is None else x["indices"][i][..., :topk[i]]
+        return ref.decode(x["q"][i], x["gate"][i], k_dq, v_dq, idx)
+
+    def poisoned_region(self, name, x, extra_bytes=0):
+        """A region holding copies of the inputs `x` and poisoned out / lse."""
+        b, hq, d = self.B, self.HQ, self.D
+        size = sum(a.nbytes for a in x.values()) + b * hq * d * 2 + b * hq * 4 + 4096 + extra_bytes
+        region = self.client.register_system_region(name, size)
+        views = {}
+        for key, a in x.items():
+            views[key] = region.numpy(a.shape, a.dtype)
+            views[key][...] = a
+        views["out"] = region.numpy((b, hq, d), np.uint16)
+        views["out"][...] = POISON
+        views["lse"] = region.numpy((b, hq), np.float32)
+        views["lse"].view(np.uint32)[...] = 0xFFFFFFFF
+        return region, views
+
+    # -- the same bits through both paths ----------------------------------------------
+    def check_same_bits(self, per_head, topk=None):
+        a, b = self.forked(f"bits{int(per_head)}{int(topk is not None)}")
+        layer = 1
+        x = self.batch_inputs(per_head)
+        want = self.bytes_path(a, layer, x, topk)
+        region, views = self.poisoned_region(f"r-{per_head}-{topk is not None}", x)
+        try:
+            res = self.client.decode_layer(layer, b, [PREFILL] * self.B, views["q"], views["gate"],
+                                           views["k"], views["v"], views["indices"], topk=topk,
+                                           out=views["out"], lse=views["lse"])
+            self.assertTrue(res.ok)
+            self.assertIs(res.out, views["out"])
+            self.assertFalse((views["out"] == POISON).any(), "an output element was not written")
+            for i in range(self.B):
+                np.testing.assert_array_equal(views["out"][i], want[i].out_bits, f"item {i}")
+                np.testing.assert_array_equal(views["lse"][i].view(np.uint32),
+                                              want[i].lse.view(np.uint32), f"lse of item {i}")
+                # ... and both against the float64 reference.
+                want_out, _ = self.reference(b[i], layer, x, i, topk)
+                got = ref.bf16_to_f64(views["out"][i])
+                floor = 0.01 * np.max(np.abs(want_out), axis=1, keepdims=True)
+                tol = 2 * ref.bf16_ulp(np.maximum(np.abs(want_out), floor)) + 1e-30
+                self.assertFalse((np.abs(got - want_out) > tol).any(), f"item {i} off the reference")
+        finally:
+            region.close()
+
+    def test_same_bits_shared_indices(self):
+        self.check_same_bits(per_head=False)
+
+    def test_same_bits_per_kv_head_indices_and_topk(self):
+        self.check_same_bits(per_head=True, topk=[[20, 7, 0, 13, 1][i % 5] for i in range(self.B)])
+
+    def test_inline_bytes_give_the_same_bits(self):
+        a, b = self.forked("inline")
+        x = self.batch_inputs(per_head=False)
+        want = self.bytes_path(a, 0, x)
+        res = self.client.decode_layer(0, b, [PREFILL] * self.B, x["q"], x["gate"], x["k"], x["v"],
+                                       x["indices"], return_lse=True)
+        for i in range(self.B):
+            np.testing.assert_array_equal(res.out[i], want[i].out_bits)
+            np.testing.assert_array_equal(res.lse[i], want[i].lse)
+
+    def test_each_item_fails_alone(self):
+        seqs = [f"{self.id()}-{i}" for i in range(self.B)]
+        for s in seqs:
+            self.prefill(s)
+        x = self.batch_inputs(per_head=False)
+        x["q"][1, 0, 0] = 0x7FC0  # NaN
+        x["indices"][3, 0] = PREFILL + 3  # past the position
+        positions = [PREFILL] * self.B
+        positions[4] = PREFILL + 2  # a gap
+        region, views = self.poisoned_region("items", x)
+        try:
+            res = self.client.decode_layer(0, seqs, positions, views["q"], views["gate"], views["k"],
+                                           views["v"], views["indices"], out=views["out"],
+                                           raise_on_error=False)
+            codes = [None if e is None else e.code for e in res.errors]
+            self.assertEqual(codes, [None, grpc.StatusCode.INVALID_ARGUMENT, None,
+                                     grpc.StatusCode.INVALID_ARGUMENT,
+                                     grpc.StatusCode.FAILED_PRECONDITION] + [None] * (self.B - 5))
+            for i in (1, 3, 4):
+                self.assertTrue((views["out"][i] == POISON).all(), f"failed item {i} wrote out")
+            for i in (0, 2):
+                self.assertFalse((views["out"][i] == POISON).any())
+            # Nothing stored for the failed ones: position PREFILL is still free for them.
+            for i in (1, 3):
+                with self.assertRaises(DecodeError) as cm:
+                    self.client.decode(seqs[i], 0, PREFILL + 1, x["q"][0], x["k"][0], x["v"][0],
+                                       x["gate"][0], np.zeros(1, np.int32))
+                self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        finally:
+            region.close()
+
+
+class Heads8over2(LayerCase):
+    HQ, HKV, D = 8, 2, 64
+
+
+class Heads32over8(LayerCase):
+    HQ, HKV, D, B = 32, 8, 128, 5
+
+
+class Heads8over1(LayerCase):
+    HQ, HKV, D, B = 8, 1, 64, 7
+
+
+class BadReferences(unittest.TestCase):
+    """Every bad reference is answered with its code and nothing is written anywhere."""
+    HQ, HKV, D, B = 8, 2, 64, 3
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = start_server(cls.HQ, cls.HKV, cls.D, ["--allow_client_shm",
+                                                           "--max_queue_delay_us=200000"])
+        cls.client = DecodeClient(cls.server.address, timeout=30, tenant_id="alice")
+        cls.other = DecodeClient(cls.server.address, timeout=30, tenant_id="bob")
+        cls.rng = np.random.default_rng()
+        cls.seqs = [f"bad-{i}" for i in range(cls.B)]
+        for s in cls.seqs:
+            cls.client.create_sequence(s)
+            for layer in range(2):
+                k = float32_to_bf16_bits(cls.rng.standard_normal((8, cls.HKV, cls.D)))
+                cls.client.append_kv(s, layer, 0, k, k)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.other.close()
+        cls.server.stop()
+
+    def make(self, name):
+        b, hq, hkv, d = self.B, self.HQ, self.HKV, self.D
+        region = self.client.register_system_region(name, 1 << 20)
+        v = dict(q=region.numpy((b, hq, d), np.uint16), gate=region.numpy((b, hq, d), np.uint16),
+                 k=region.numpy((b, hkv, d), np.uint16), v=region.numpy((b, hkv, d), np.uint16),
+                 indices=region.numpy((b, 4), np.int32), out=region.numpy((b, hq, d), np.uint16))
+        for key in ("q", "gate", "k", "v"):
+            v[key][...] = float32_to_bf16_bits(self.rng.standard_normal(v[key].shape))
+        v["indices"][...] = np.arange(4, dtype=np.int32)
+        v["out"][...] = POISON
+        return region, v
+
+    def request(self, region, v):
+        req = pb.DecodeLayerRequest(layer=0, sequence_ids=self.seqs, positions=[8] * self.B,
+                                    request_id=7)
+        for key in ("q", "gate", "k", "v", "indices", "out"):
+            a = v[key]
+            t = getattr(req, key)
+            t.dtype = pb.INT32 if key == "indices" else pb.BF16
+            t.shape.extend(a.shape)
+            t.ref.CopyFrom(region.ref(a.ctypes.data, a.nbytes))
+        return req
+
+    def code_of(self, req, client=None):
+        client = client or self.client
+        with self.assertRaises(grpc.RpcError) as cm:
+            client._stub.DecodeLayer(req, metadata=client._metadata, timeout=30)
+        self.assertTrue(cm.exception.details(), "an error without a message")
+        return cm.exception.code()
+
+    def assert_nothing_happened(self, v):
+        self.assertTrue((v["out"] == POISON).all(), "out was written")
+        for s in self.seqs:  # position 8 is still the next one of every sequence
+            with self.assertRaises(DecodeError) as cm:
+                self.client.decode(s, 0, 9, v["q"][0], v["k"][0], v["v"][0], v["gate"][0],
+                                   np.zeros(1, np.int32))
+            self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_bad_references(self):
+        region, v = self.make("bad")
+        try:
+            def with_ref(key, **changes):
+                req = self.request(region, v)
+                ref_ = getattr(req, key).ref
+                for field, value in changes.items():
+                    setattr(ref_, field, value)
+                return req
+
+            size = region.byte_size
+            cases = [
+                ("offset past the region", with_ref("q", offset=size - 10),
+                 grpc.StatusCode.INVALID_ARGUMENT),
+                ("offset overflowing", with_ref("k", offset=2**64 - 8),
+                 grpc.StatusCode.INVALID_ARGUMENT),
+                ("size not the shape's", with_ref("gate", byte_size=v["gate"].nbytes - 2),
+                 grpc.StatusCode.INVALID_ARGUMENT),
+                ("unregistered region", with_ref("v", region="nope"), grpc.StatusCode.NOT_FOUND),
+                ("out over an input", with_ref("out", offset=v["q"].ctypes.data - region.base),
+                 grpc.StatusCode.INVALID_ARGUMENT),
+            ]
+            wrong_shape = self.request(region, v)
+            del wrong_shape.q.shape[:]
+            wrong_shape.q.shape.extend([self.B, 1, self.HQ, self.D])
+            cases.append(("[B, 1, Hq, D]", wrong_shape, grpc.StatusCode.INVALID_ARGUMENT))
+            wrong_dtype = self.request(region, v)
+            wrong_dtype.indices.dtype = pb.FP32
+            cases.append(("fp32 indices", wrong_dtype, grpc.StatusCode.INVALID_ARGUMENT))
+            short = self.request(region, v)
+            del short.positions[:]
+            short.positions.extend([8] * (self.B - 1))
+            cases.append(("B-1 positions", short, grpc.StatusCode.INVALID_ARGUMENT))
+            for what, req, code in cases:
+                with self.subTest(what):
+                    self.assertEqual(self.code_of(req), code, what)
+                    self.assert_nothing_happened(v)
+            # Another tenant's region is not found (and not written).
+            self.assertEqual(self.code_of(self.request(region, v), client=self.other),
+                             grpc.StatusCode.NOT_FOUND)
+            self.assert_nothing_happened(v)
+            self.assertEqual(self.other.list_regions(), [])
+            self.assertEqual([r["name"] for r in self.client.list_regions()], ["bad"])
+        finally:
+            region.close()
+
+    def test_client_side_shape_checks(self):
+        region, v = self.make("shapes")
+        try:
+            with self.assertRaises(ValueError) as cm:
+                self.client.decode_layer(0, self.seqs, [8] * self.B,
+                                         v["q"].reshape(self.B, self.HQ, 1, self.D), v["gate"],
+                                         v["k"], v["v"], v["indices"])
+            self.assertIn("[B, Hq, D]", str(cm.exception))
+            with self.assertRaises(TypeError):
+                self.client.decode_layer(0, self.seqs, [8] * self.B, v["q"].astype(np.float32),
+                                         v["gate"], v["k"], v["v"], v["indices"])
+        finally:
+            region.close()
+
+    def test_unregistered_while_queued_writes_nothing(self):
+        region, v = self.make("going")
+        req = self.request(region, v)
+        call = self.client._stub.DecodeLayer.future(req, metadata=self.client._metadata, timeout=30)
+        time.sleep(0.05)  # < the 200 ms queue delay: the items wait in the queue
+        resp = self.client._stub.UnregisterRegion(pb.UnregisterRegionRequest(name="going"),
+                                                   metadata=self.client._metadata)
+        self.assertEqual(resp.unregistered, 1)
+        answer = call.result()
+        self.assertEqual(list(answer.error_codes),
+                         [grpc.StatusCode.FAILED_PRECONDITION.value[0]] * self.B)
+        self.assertIn("unregistered", answer.error_messages[0])
+        self.assert_nothing_happened(v)
+        region._open = False  # unregistered above
+        region._free()
+
+    def test_metrics_count_regions_not_names(self):
+        region = self.client.register_system_region("secret-name", 12345)
+        try:
+            body = urllib.request.urlopen(
+                f"http://127.0.0.1:{self.server.metrics_port}/metrics").read().decode()
+            self.assertIn('sds_shm_regions{kind="system"} 1', body)
+            self.assertIn('sds_shm_region_bytes{kind="system"} 12345', body)
+            self.assertNotIn("secret-name", body)
+        finally:
+            region.close()
+
+    def test_register_errors(self):
+        def code(req):
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.client._stub.RegisterRegion(req, metadata=self.client._metadata)
+            return cm.exception.code()
+        self.assertEqual(code(pb.RegisterRegionRequest(name="x", system=pb.SystemRegion(
+            shm_name="/sds-no-such-object", byte_size=64))), grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(code(pb.RegisterRegionRequest(name="x", system=pb.SystemRegion(
+            shm_name="../etc/passwd", byte_size=64))), grpc.StatusCode.INVALID_ARGUMENT)
+        region = self.client.register_system_region("dup", 4096)
+        try:
+            self.assertEqual(code(pb.RegisterRegionRequest(name="y", system=pb.SystemRegion(
+                shm_name="/" + region._shm.name, offset=4000, byte_size=200))),
+                grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertEqual(code(pb.RegisterRegionRequest(name="dup", system=pb.SystemRegion(
+                shm_name="/" + region._shm.name, byte_size=64))), grpc.StatusCode.ALREADY_EXISTS)
+        finally:
+            region.close()
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.client._stub.UnregisterRegion(pb.UnregisterRegionRequest(name="dup"),
+                                               metadata=self.client._metadata)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_client_killed_with_a_region_registered(self):
+        script = textwrap.dedent(f"""
+            import os, signal, numpy as np
+            from sparse_decode_client import DecodeClient
+            c = DecodeClient("{self.server.address}", tenant_id="carol")
+            r = c.register_system_region("doomed", 1 << 16)
+            r.numpy((16,), np.uint8)[...] = 1
+            print("registered", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=60)
+        self.assertIn("registered", proc.stdout, proc.stderr)
+        self.assertEqual(proc.returncode, -9)
+        # The server serves on; the dead client's region is still its tenant's to drop.
+        carol = DecodeClient(self.server.address, timeout=10, tenant_id="carol")
+        self.assertEqual([r["name"] for r in carol.list_regions()], ["doomed"])
+        resp = carol._stub.UnregisterRegion(pb.UnregisterRegionRequest(name=""),
+                                            metadata=carol._metadata)
+        self.assertEqual(resp.unregistered, 1)
+        carol.close()
+        self.client.model_info()
+
+
+class ShmOff(unittest.TestCase):
+    def test_regions_need_the_flag(self):
+        server = start_server(8, 2, 64)
+        try:
+            with DecodeClient(server.address, timeout=10) as c:
+                with self.assertRaises(DecodeError) as cm:
+                    c.register_system_region("r", 4096)
+                self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+                self.assertIn("--allow_client_shm", cm.exception.message)
+        finally:
+            server.stop()
+
+
+def main():
+    global SERVER
+    p = argparse.ArgumentParser()
+    p.add_argument("--server", required=True, help="path of decode_server")
+    args, rest = p.parse_known_args()
+    SERVER = args.server
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
