@@ -58,6 +58,29 @@ struct AppendBatch {
   const int64_t* slot = nullptr;
 };
 
+// A decode request whose tensors lie in device memory that the server does not own (a
+// runner's allocation opened through CUDA IPC): a backend that reads device memory
+// gathers them into its batch arrays on the device, checks them there (finite values,
+// indices in [-1, position]) and writes the answer back on the device.
+struct DeviceRowSource {
+  const uint16_t* q = nullptr;     // [Hq, D] bf16, 16-byte aligned; nullptr: a host row
+  const uint16_t* gate = nullptr;  // [Hq, D] bf16, 16-byte aligned
+  const uint16_t* k = nullptr;     // [Hkv, D] bf16, the new token's, 16-byte aligned
+  const uint16_t* v = nullptr;     // [Hkv, D] bf16, 16-byte aligned
+  // The request's K_b indices, or Hkv lists of K_b ([Hkv, K_b]), list h starting at
+  // indices + h * index_stride (int32 elements).
+  const int32_t* indices = nullptr;
+  int64_t index_stride = 0;
+  int64_t position = 0;     // the token's position: indices must be -1 or in [0, position]
+  uint16_t* out = nullptr;  // [Hq, D] bf16 on the device; nullptr: answered from the host copy
+  float* lse = nullptr;     // [Hq] float32 on the device; nullptr: none there
+};
+
+// DecodeBatch::row_error values.
+inline constexpr uint8_t kRowOk = 0;
+inline constexpr uint8_t kRowNonFinite = 1;  // NaN or Inf in q, gate, k or v
+inline constexpr uint8_t kRowBadIndex = 2;   // an index outside [-1, position]
+
 // One batched sparse top-K GQA decode with fused sigmoid gate. Requests may mix
 // sequences, layers and top-K lengths. Query head h reads KV head h / G, G = Hq / Hkv.
 // Indices are validated by the caller: each is -1 (skip) or a logical position whose
@@ -86,6 +109,14 @@ struct DecodeBatch {
   uint16_t* out = nullptr;
   // lse: [B, Hq] float32, natural log, -inf for a row with no valid index; may be nullptr.
   float* lse = nullptr;
+  // device_rows: [B] host array, or nullptr when every row's tensors are in the arrays
+  // above. Row b with device_rows[b].q != nullptr has its q, gate, new K/V (append row b)
+  // and index list on the device instead (the arrays above hold no data for it), and
+  // row_error[b] ([B] host, written by the backend) says whether they were valid; an
+  // invalid row stores nothing and its outputs are not written. Only a backend that
+  // reads device memory accepts such rows.
+  const DeviceRowSource* device_rows = nullptr;
+  uint8_t* row_error = nullptr;
 };
 
 }  // namespace sds

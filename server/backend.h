@@ -82,6 +82,9 @@ class Backend {
   // INVALID_ARGUMENT for a handle of the wrong size or another device, UNAVAILABLE when
   // the driver refuses it (with its error); UNIMPLEMENTED by a backend without device
   // memory.
+  // Whether Run accepts DecodeBatch::device_rows (rows whose tensors are in memory that
+  // OpenCudaIpcRegion mapped).
+  virtual bool reads_device_rows() const { return false; }
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenCudaIpcRegion(
       absl::string_view /*ipc_handle*/, int32_t /*device_id*/, uint64_t /*offset*/,
       uint64_t /*byte_size*/) {

@@ -43,6 +43,9 @@ class CpuBackend : public Backend {
 
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
     const CacheView view = cache_->view();
+    if (work.decode.num_requests > 0 && work.decode.device_rows != nullptr) {
+      return absl::InternalError("CPU backend: a batch with rows in device memory");
+    }
     if (work.decode.num_requests > 0 && work.decode.num_q_heads != num_q_heads_) {
       return absl::InternalError(
           "CPU backend: decode batch has " + std::to_string(work.decode.num_q_heads) +

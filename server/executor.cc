@@ -27,6 +27,28 @@ std::vector<int64_t>& SlotScratch() {
   return slots;
 }
 
+// The answer for a row that the backend found invalid on the device (row_error).
+absl::Status DeviceRowError(uint8_t error) {
+  if (error == kRowNonFinite) {
+    return absl::InvalidArgumentError(
+        "q, gate, k or v holds NaN or Inf (checked on the device); inputs must be finite "
+        "(nothing was stored)");
+  }
+  return absl::InvalidArgumentError(
+      "indices: an index is outside [-1, position] (checked on the device); each index must "
+      "be -1 (skip) or a token position up to the request's (nothing was stored)");
+}
+
+// Calls after_run of the items whose before_run succeeded, however RunBatch ends.
+struct AfterRuns {
+  std::vector<DecodeWork>& items;
+  std::vector<char> pinned;
+  ~AfterRuns() {
+    for (size_t i = 0; i < pinned.size(); ++i)
+      if (pinned[i]) items[i].after_run();
+  }
+};
+
 }  // namespace
 
 Executor::Executor(Backend* backend, Metrics* metrics, const ModelShape& model)
@@ -119,6 +141,8 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   std::vector<int64_t>& slots = SlotScratch();
   thread_local std::vector<int32_t> pages;  // scratch per thread too (see SlotScratch)
 
+  AfterRuns after_runs{items, std::vector<char>(n, 0)};
+
   // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
   int32_t rows = 0;
   for (int32_t i = 0; i < n; ++i) {
@@ -130,6 +154,11 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
     }
     status[i] = CheckStillWanted(start, items[i].deadline, items[i].cancelled);
     if (!status[i].ok()) continue;
+    if (items[i].before_run) {
+      status[i] = items[i].before_run();
+      if (!status[i].ok()) continue;
+      after_runs.pinned[i] = items[i].after_run ? 1 : 0;
+    }
     status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots,
                                    items[i].incarnation);
     if (!status[i].ok()) continue;
@@ -199,6 +228,8 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
         status[i] = batch_error;  // the batch did not reach the backend
       } else if (!run_status.ok()) {
         status[i] = BackendFailure(run_status, "backend failed to run the batch");
+      } else if (staging.row_error(row_of[i]) != kRowOk) {
+        status[i] = DeviceRowError(staging.row_error(row_of[i]));  // nothing was stored
       } else if (item.write_answer) {
         // Written before the commit: an answer that cannot be delivered (its region was
         // unregistered) leaves the token uncommitted, as if never sent.

@@ -49,7 +49,8 @@ LayerCall::~LayerCall() {
 }
 
 absl::StatusOr<LayerCall::Span> LayerCall::Resolve(const char* name, const v1::PackedTensor& t,
-                                                   uint64_t want_bytes, bool output) {
+                                                   uint64_t want_bytes, bool output,
+                                                   uint64_t align) {
   switch (t.where_case()) {
     case v1::PackedTensor::kData:
       if (output) {
@@ -83,11 +84,18 @@ absl::StatusOr<LayerCall::Span> LayerCall::Resolve(const char* name, const v1::P
                                 want_bytes, ") are past the end of region '", ref.region(), "' (",
                                 region.byte_size(), " bytes)"));
       }
-      if (region.kind() != RegionKind::kSystem) {
-        return absl::UnimplementedError(
-            absl::StrCat(name, ": region '", ref.region(),
-                         "' is a CUDA region, which this backend does not "
-                         "read or write; use a system region"));
+      if (region.kind() == RegionKind::kCuda) {
+        if (!limits_.device_rows) {
+          return absl::UnimplementedError(absl::StrCat(
+              name, ": region '", ref.region(),
+              "' is a CUDA region, which this backend does not read or write; use a system "
+              "region"));
+        }
+        const uint64_t address = reinterpret_cast<uintptr_t>(region.base()) + ref.offset();
+        if (address % align != 0) {
+          return Bad(absl::StrCat(name, ": a tensor in a CUDA region must start on a ", align,
+                                  "-byte boundary (offset ", ref.offset(), ")"));
+        }
       }
       if (std::none_of(regions_.begin(), regions_.end(),
                        [&](const std::shared_ptr<Region>& r) { return r.get() == &region; })) {
@@ -171,20 +179,35 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
 
   const uint64_t q_row = hq * d * 2, kv_row = hkv * d * 2;
   const uint64_t idx_row = (per_kv_head ? hkv : 1) * k * 4;
-  absl::StatusOr<Span> q = call->Resolve("q", r.q(), b * q_row, false);
+  // The device reads bf16 rows 16 bytes at a time (q_row and kv_row are multiples of 16).
+  absl::StatusOr<Span> q = call->Resolve("q", r.q(), b * q_row, false, 16);
   if (!q.ok()) return q.status();
-  absl::StatusOr<Span> gate = call->Resolve("gate", r.gate(), b * q_row, false);
+  absl::StatusOr<Span> gate = call->Resolve("gate", r.gate(), b * q_row, false, 16);
   if (!gate.ok()) return gate.status();
-  absl::StatusOr<Span> kn = call->Resolve("k", r.k(), b * kv_row, false);
+  absl::StatusOr<Span> kn = call->Resolve("k", r.k(), b * kv_row, false, 16);
   if (!kn.ok()) return kn.status();
-  absl::StatusOr<Span> vn = call->Resolve("v", r.v(), b * kv_row, false);
+  absl::StatusOr<Span> vn = call->Resolve("v", r.v(), b * kv_row, false, 16);
   if (!vn.ok()) return vn.status();
-  absl::StatusOr<Span> indices = call->Resolve("indices", idx, b * idx_row, false);
+  absl::StatusOr<Span> indices = call->Resolve("indices", idx, b * idx_row, false, 4);
   if (!indices.ok()) return indices.status();
-  absl::StatusOr<Span> out = call->Resolve("out", r.out(), b * q_row, true);
+  absl::StatusOr<Span> out = call->Resolve("out", r.out(), b * q_row, true, 16);
   if (!out.ok()) return out.status();
-  absl::StatusOr<Span> lse = call->Resolve("lse", r.lse(), b * hq * 4, true);
+  absl::StatusOr<Span> lse = call->Resolve("lse", r.lse(), b * hq * 4, true, 4);
   if (!lse.ok()) return lse.status();
+  // Inputs all on the host or all on the device; answers on the device only from there,
+  // and lse where out is (the device answers a row wholly, or the host does).
+  const bool on_device = q->on_device();
+  for (const Span* s : {&*gate, &*kn, &*vn, &*indices}) {
+    if (s->on_device() != on_device) {
+      return Bad("q, gate, k, v and indices are all in CUDA regions, or none of them is");
+    }
+  }
+  if (out->on_device() && !on_device) {
+    return Bad("out: a CUDA region receives answers only when the inputs are in CUDA regions");
+  }
+  if (lse_wanted && lse->on_device() != out->on_device()) {
+    return Bad("lse: in a CUDA region exactly when out is");
+  }
   // An output must overlap no input and not the other output: the kernels read inputs
   // after earlier items' answers are written.
   for (const Ref& o : call->refs_) {
@@ -197,7 +220,10 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
       }
     }
   }
-  if (out->data != nullptr) {
+  if (out->on_device()) {
+    call->pinned_.push_back(out->region);
+    if (lse->on_device() && lse->region != out->region) call->pinned_.push_back(lse->region);
+  } else if (out->data != nullptr) {
     call->out_ = const_cast<char*>(out->data);  // a region the server maps read-write
     call->out_region_ = out->region;
   } else {
@@ -207,7 +233,9 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
     inline_out->mutable_data()->assign(b * q_row, '\0');
     call->out_ = inline_out->mutable_data()->data();
   }
-  if (lse->data != nullptr) {
+  if (lse->on_device()) {
+    // Written by the device (pinned with out).
+  } else if (lse->data != nullptr) {
     call->lse_ = const_cast<char*>(lse->data);
     call->lse_region_ = lse->region;
   } else if (lse_wanted) {
@@ -221,6 +249,7 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
   call->items_.reserve(b);
   call->item_responses_.reserve(b);
   call->bytes_.resize(b);
+  if (on_device) call->sources_.resize(b);
   call->status_.resize(b);
   for (int64_t i = 0; i < b; ++i) {
     auto* item = google::protobuf::Arena::CreateMessage<v1::DecodeRequest>(&call->arena_);
@@ -245,13 +274,32 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
     if (per_kv_head) item_idx->add_shape(hkv);
     item_idx->add_shape(topk);
     DecodeTensorBytes& bytes = call->bytes_[i];
-    bytes.q.Append(q->data + i * q_row, q_row);
-    bytes.gate.Append(gate->data + i * q_row, q_row);
-    bytes.k.Append(kn->data + i * kv_row, kv_row);
-    bytes.v.Append(vn->data + i * kv_row, kv_row);
-    const char* list = indices->data + i * idx_row;
-    for (int64_t h = 0; h < (per_kv_head ? hkv : 1); ++h)
-      bytes.indices.Append(list + h * k * 4, static_cast<size_t>(topk) * 4);
+    if (on_device) {
+      DeviceRowSource& src = call->sources_[i];
+      src.q = reinterpret_cast<const uint16_t*>(q->data + i * q_row);
+      src.gate = reinterpret_cast<const uint16_t*>(gate->data + i * q_row);
+      src.k = reinterpret_cast<const uint16_t*>(kn->data + i * kv_row);
+      src.v = reinterpret_cast<const uint16_t*>(vn->data + i * kv_row);
+      src.indices = reinterpret_cast<const int32_t*>(indices->data + i * idx_row);
+      src.index_stride = per_kv_head ? k : 0;
+      src.position = r.positions(i);
+      if (out->on_device()) {
+        src.out = reinterpret_cast<uint16_t*>(const_cast<char*>(out->data) + i * q_row);
+      }
+      if (lse_wanted && lse->on_device()) {
+        src.lse = reinterpret_cast<float*>(const_cast<char*>(lse->data) + i * hq * 4);
+      }
+      bytes.device = &src;
+      bytes.device_index_count = (per_kv_head ? hkv : 1) * topk;
+    } else {
+      bytes.q.Append(q->data + i * q_row, q_row);
+      bytes.gate.Append(gate->data + i * q_row, q_row);
+      bytes.k.Append(kn->data + i * kv_row, kv_row);
+      bytes.v.Append(vn->data + i * kv_row, kv_row);
+      const char* list = indices->data + i * idx_row;
+      for (int64_t h = 0; h < (per_kv_head ? hkv : 1); ++h)
+        bytes.indices.Append(list + h * k * 4, static_cast<size_t>(topk) * 4);
+    }
     call->items_.push_back(item);
     call->item_responses_.push_back(
         google::protobuf::Arena::CreateMessage<v1::DecodeResponse>(&call->arena_));
@@ -273,6 +321,7 @@ AnswerWriter LayerCall::Writer(int32_t b) {
     }
     const size_t out_row = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
     const size_t lse_row = static_cast<size_t>(model_.num_q_heads) * 4;
+    if (out_ == nullptr) return absl::OkStatus();  // answered on the device (pinned)
     auto write_lse = [&] {
       if (lse_ != nullptr && lse != nullptr) std::memcpy(lse_ + b * lse_row, lse, lse_row);
     };
@@ -288,6 +337,34 @@ AnswerWriter LayerCall::Writer(int32_t b) {
     absl::Status inner;
     absl::Status outer = out_region_->WriteIfLive([&] { inner = write(); });
     return outer.ok() ? inner : outer;
+  };
+}
+
+std::function<absl::Status()> LayerCall::BeforeRun() {
+  if (regions_.empty()) return nullptr;
+  return [this]() -> absl::Status {
+    for (const std::shared_ptr<Region>& region : regions_) {
+      if (region->revoked()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("region '", region->name(),
+                         "' was unregistered while the request was queued; "
+                         "nothing was written or stored"));
+      }
+    }
+    for (size_t i = 0; i < pinned_.size(); ++i) {
+      if (absl::Status s = pinned_[i]->Pin(); !s.ok()) {
+        for (size_t j = 0; j < i; ++j) pinned_[j]->Unpin();
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  };
+}
+
+std::function<void()> LayerCall::AfterRun() {
+  if (pinned_.empty()) return nullptr;
+  return [this] {
+    for (const Region* region : pinned_) region->Unpin();
   };
 }
 

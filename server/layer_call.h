@@ -29,6 +29,7 @@ namespace sds::server {
 struct LayerCallLimits {
   int32_t max_items = 1024;    // --max_decode_batch_items
   bool allow_regions = false;  // --allow_client_shm
+  bool device_rows = false;    // the backend reads CUDA regions (Backend::reads_device_rows)
 };
 
 class LayerCall {
@@ -50,6 +51,11 @@ class LayerCall {
   const DecodeTensorBytes& bytes(int32_t b) const { return bytes_[b]; }
   sparse_decode::v1::DecodeResponse* item_response(int32_t b) { return item_responses_[b]; }
   AnswerWriter Writer(int32_t b);
+  // DecodeWork::before_run / after_run of every item, null when the call references no
+  // region: fail an item whose regions were unregistered while it was queued, and pin
+  // the CUDA regions the device writes its answer into during the run.
+  std::function<absl::Status()> BeforeRun();
+  std::function<void()> AfterRun();
 
   // Records item b's outcome; true for the last item of the call, after which the
   // response is complete (codes, messages, the last batch's BatchInfo).
@@ -59,13 +65,15 @@ class LayerCall {
   LayerCall() = default;
   // An input's bytes: a pointer and its byte size.
   struct Span {
-    const char* data = nullptr;
+    const char* data = nullptr;  // host address, or device address in a CUDA region
     uint64_t bytes = 0;
     const Region* region = nullptr;  // null for inline bytes
+    bool on_device() const { return region != nullptr && region->kind() == RegionKind::kCuda; }
   };
   // The host address of `t`'s bytes (inline or in its region), after the checks.
+  // `align`: the byte alignment the device needs of a tensor in a CUDA region.
   absl::StatusOr<Span> Resolve(const char* name, const sparse_decode::v1::PackedTensor& t,
-                               uint64_t want_bytes, bool output);
+                               uint64_t want_bytes, bool output, uint64_t align);
 
   const std::string* tenant_ = nullptr;
   const RegionRegistry* registry_ = nullptr;
@@ -89,9 +97,13 @@ class LayerCall {
   std::vector<Ref> refs_;
   const Region* out_region_ = nullptr;  // null: inline out
   const Region* lse_region_ = nullptr;  // null: inline lse (or none)
-  char* out_ = nullptr;                 // [B, Hq, D] bf16
-  char* lse_ = nullptr;                 // [B, Hq] f32, null when not asked for
-  std::vector<absl::Status> status_;    // [B]
+  char* out_ = nullptr;                 // [B, Hq, D] bf16 on the host; null when on the device
+  char* lse_ = nullptr;  // [B, Hq] f32 on the host; null when not asked for or on the device
+  // Inputs in CUDA regions: item b's device addresses (DeviceRowSource), which its
+  // DecodeTensorBytes points to.
+  std::vector<DeviceRowSource> sources_;  // [B] or empty
+  std::vector<const Region*> pinned_;     // CUDA regions written by the device
+  std::vector<absl::Status> status_;      // [B]
   std::atomic<int32_t> remaining_{0};
 };
 

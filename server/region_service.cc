@@ -104,7 +104,8 @@ void DecodeServiceImpl::RunLayerCall(const std::string& tenant,
                                      v1::DecodeLayerResponse* response, Clock::time_point deadline,
                                      const std::function<bool()>& cancelled,
                                      std::function<void(const absl::Status&)> finish) {
-  const LayerCallLimits limits{config_.max_decode_batch_items, config_.allow_client_shm};
+  const LayerCallLimits limits{config_.max_decode_batch_items, config_.allow_client_shm,
+                               backend_->reads_device_rows()};
   absl::StatusOr<std::unique_ptr<LayerCall>> planned =
       LayerCall::Plan(tenant, request, response, config_.model, &regions_, limits);
   if (!planned.ok()) {
@@ -130,6 +131,8 @@ void DecodeServiceImpl::RunLayerCall(const std::string& tenant,
     }
     if (s.ok()) {
       work.write_answer = call->Writer(b);
+      work.before_run = call->BeforeRun();
+      work.after_run = call->AfterRun();
       works.push_back(std::move(work));
     } else {
       done(s);

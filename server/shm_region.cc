@@ -46,8 +46,34 @@ bool Region::revoked() const {
 }
 
 void Region::Revoke() {
-  std::unique_lock<std::shared_mutex> lock(mu_);
-  revoked_ = true;
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    revoked_ = true;
+  }
+  std::unique_lock<std::mutex> lock(pin_mu_);
+  pin_revoked_ = true;
+  unpinned_.wait(lock, [&] { return pins_ == 0; });
+}
+
+absl::Status Region::Pin() const {
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  if (pin_revoked_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("region '", name_,
+                     "' was unregistered while the request was queued; nothing was "
+                     "written or stored"));
+  }
+  ++pins_;
+  return absl::OkStatus();
+}
+
+void Region::Unpin() const {
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    last = --pins_ == 0;
+  }
+  if (last) unpinned_.notify_all();
 }
 
 absl::StatusOr<std::shared_ptr<Region>> MapSystemRegion(const std::string& name,

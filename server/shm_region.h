@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -51,7 +52,14 @@ class Region {
   // when revoked.
   absl::Status WriteIfLive(const std::function<void()>& write) const;
   bool revoked() const;
+  // Revokes the region, then waits until no call holds a pin: once it returns, nothing
+  // writes to the region.
   void Revoke();
+  // For writes that happen outside WriteIfLive (the device writes a CUDA region during a
+  // batch's run): Pin fails FAILED_PRECONDITION once revoked, else holds Revoke off
+  // until the matching Unpin, which may run on another thread.
+  absl::Status Pin() const;
+  void Unpin() const;
 
   // Calls that reference the region and have not been answered (ListRegions).
   mutable std::atomic<int64_t> calls_in_flight{0};
@@ -64,6 +72,10 @@ class Region {
   std::function<void()> unmap_;
   mutable std::shared_mutex mu_;  // exclusive in Revoke, shared around writes
   bool revoked_ = false;
+  mutable std::mutex pin_mu_;
+  mutable std::condition_variable unpinned_;
+  mutable int64_t pins_ = 0;  // guarded by pin_mu_
+  bool pin_revoked_ = false;  // guarded by pin_mu_
 };
 
 // Maps [offset, offset + byte_size) of the POSIX shared-memory object `shm_name`

@@ -65,6 +65,8 @@ absl::StatusOr<std::unique_ptr<StagingBuffer>> StagingBuffer::Create(Backend* ba
     buf->page_table_offset_ = c.Take<int64_t>(b);
     buf->out_ = c.Take<uint16_t>(q_elems);
     buf->lse_ = c.Take<float>(b * model.num_q_heads);
+    buf->device_rows_ = c.Take<DeviceRowSource>(b);
+    buf->row_error_ = c.Take<uint8_t>(b);
   };
   Carver sizing(nullptr);
   carve(sizing);
@@ -104,7 +106,9 @@ absl::Status StagingBuffer::ReservePageTable(int64_t count) {
 }
 
 int64_t StagingBuffer::IndexSlots(const DecodeTensorBytes& bytes) {
-  const size_t count = AlignUp(bytes.indices.size(), sizeof(int32_t)) / sizeof(int32_t);
+  const size_t count = bytes.device != nullptr
+                           ? static_cast<size_t>(bytes.device_index_count)
+                           : AlignUp(bytes.indices.size(), sizeof(int32_t)) / sizeof(int32_t);
   return static_cast<int64_t>(AlignUp(count, kIndexAlign));
 }
 
@@ -113,10 +117,14 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
   const int64_t q_row = static_cast<int64_t>(model_.num_q_heads) * model_.head_dim;
   const int64_t kv_row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
   // Validated sizes: q and gate [Hq, D], k and v [Hkv, D], indices K or Hkv * K int32.
-  bytes.q.CopyTo(q_ + row * q_row);
-  bytes.gate.CopyTo(gate_ + row * q_row);
-  bytes.k.CopyTo(k_new_ + row * kv_row);
-  bytes.v.CopyTo(v_new_ + row * kv_row);
+  // A row on the device copies nothing here: the backend gathers it (device_rows_).
+  device_rows_[row] = bytes.device != nullptr ? *bytes.device : DeviceRowSource{};
+  if (bytes.device == nullptr) {
+    bytes.q.CopyTo(q_ + row * q_row);
+    bytes.gate.CopyTo(gate_ + row * q_row);
+    bytes.k.CopyTo(k_new_ + row * kv_row);
+    bytes.v.CopyTo(v_new_ + row * kv_row);
+  }
   const sparse_decode::v1::Tensor& indices = request.indices();
   const bool per_head = IndicesPerKvHead(indices);
   const int32_t k = static_cast<int32_t>(per_head ? indices.shape(1) : indices.shape(0));
@@ -124,7 +132,7 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
   append_layer_[row] = request.layer();
   topk_[row] = k;
   indices_per_kv_head_[row] = per_head ? 1 : 0;
-  bytes.indices.CopyTo(indices_ + index_offset_[row]);  // placed by PlanIndices
+  if (bytes.device == nullptr) bytes.indices.CopyTo(indices_ + index_offset_[row]);  // PlanIndices
 }
 
 void StagingBuffer::MoveRow(int32_t dst, int32_t src) {
@@ -140,6 +148,7 @@ void StagingBuffer::MoveRow(int32_t dst, int32_t src) {
   index_offset_[dst] = index_offset_[src];  // the index list itself stays where it is
   topk_[dst] = topk_[src];
   indices_per_kv_head_[dst] = indices_per_kv_head_[src];
+  device_rows_[dst] = device_rows_[src];
 }
 
 void StagingBuffer::Describe(int32_t rows, BatchWork* work) const {
@@ -162,6 +171,15 @@ void StagingBuffer::Describe(int32_t rows, BatchWork* work) const {
   d.indices_per_kv_head = indices_per_kv_head_;
   d.out = out_;
   d.lse = lse_;
+  d.device_rows = nullptr;
+  d.row_error = row_error_;
+  std::memset(row_error_, kRowOk, static_cast<size_t>(rows));
+  for (int32_t row = 0; row < rows; ++row) {
+    if (device_rows_[row].q != nullptr) {
+      d.device_rows = device_rows_;
+      break;
+    }
+  }
 }
 
 const uint16_t* StagingBuffer::out_row(int32_t row) const {

@@ -57,6 +57,11 @@ class StagingBuffer {
 
   const uint16_t* out_row(int32_t row) const;  // [Hq, D] bf16
   const float* lse_row(int32_t row) const;     // [Hq]
+  // The backend's verdict on row `row`'s device tensors after Run (DecodeBatch::row_error).
+  uint8_t row_error(int32_t row) const { return row_error_[row]; }
+  // Whether row `row` had its tensors on the device, answered there when its source has
+  // an `out` (DeviceRowSource).
+  const DeviceRowSource& device_row(int32_t row) const { return device_rows_[row]; }
   // The answer of row `row` into `encoded` (response_wire.h): `fields` (request_id,
   // batch) with out [Hq, D] bf16 and, when `with_lse`, lse [Hq] f32 read straight from
   // the row.
@@ -94,6 +99,8 @@ class StagingBuffer {
   int64_t* page_table_offset_ = nullptr;
   uint16_t* out_ = nullptr;
   float* lse_ = nullptr;
+  DeviceRowSource* device_rows_ = nullptr;  // [max_batch]: q == nullptr for a host row
+  uint8_t* row_error_ = nullptr;            // [max_batch]
   // Separately allocated, grows on demand.
   int32_t* page_table_ = nullptr;
   int64_t page_table_capacity_ = 0;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/container/inlined_vector.h"
+#include "kernels/decode_params.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
@@ -92,11 +93,17 @@ class TensorBytes {
 // The tensor bytes of one DecodeRequest (shapes and dtypes stay in the message).
 struct DecodeTensorBytes {
   TensorBytes q, k, v, gate, indices;
+  // Non-null when the tensors are in device memory instead (a DecodeLayer item with CUDA
+  // region refs): the views above are empty, the backend reads and checks the data.
+  const DeviceRowSource* device = nullptr;
+  int64_t device_index_count = 0;  // the request's indices (K or Hkv * K), when `device`
 
   // Every view empty. (Assigning `{}` instead makes GCC 12 warn about the inlined
   // storage of the temporary, a false -Wuninitialized.)
   void Clear() {
     for (TensorBytes* t : {&q, &k, &v, &gate, &indices}) t->Clear();
+    device = nullptr;
+    device_index_count = 0;
   }
 
   // Views of the request's own data fields (the request must outlive them).

@@ -42,6 +42,12 @@ struct DecodeWork {
   // Instead of `encoded` (which is then null): where the executor writes the answer's
   // tensors; `response` still receives request_id and batch.
   AnswerWriter write_answer;
+  // Optional, on the executor thread: before_run right before the batch runs (an error
+  // drops the item with it, nothing run or stored), after_run once the batch has run and
+  // its answers are written, for an item whose before_run succeeded; must not throw.
+  // DecodeLayer pins the regions that the device writes during the run with them.
+  std::function<absl::Status()> before_run;
+  std::function<void()> after_run;
   std::string key;  // tenant-qualified sequence id (auth.h)
   // The sequence's PagedKvCache::Incarnation when the request was admitted: the work
   // fails NOT_FOUND if that sequence is released, whatever is created under the id later.

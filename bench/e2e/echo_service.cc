@@ -107,6 +107,35 @@ grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* EchoService::Dec
   return new EchoStream(this);
 }
 
+grpc::ServerUnaryReactor* EchoService::DecodeLayer(grpc::CallbackServerContext* ctx,
+                                                   const v1::DecodeLayerRequest* req,
+                                                   v1::DecodeLayerResponse* resp) {
+  const int b = req->sequence_ids_size();
+  resp->set_request_id(req->request_id());
+  for (int i = 0; i < b; ++i) {
+    resp->add_error_codes(0);
+    resp->add_error_messages("");
+  }
+  if (!req->out().has_ref()) {
+    v1::Tensor* out = resp->mutable_out();
+    out->set_dtype(v1::BF16);
+    for (int64_t dim : {int64_t{b}, int64_t{info_.num_q_heads()}, int64_t{info_.head_dim()}})
+      out->add_shape(dim);
+    out->mutable_data()->assign(static_cast<size_t>(b) * zero_out_.size(), '\0');
+  }
+  if (req->return_lse() && !req->lse().has_ref()) {
+    v1::Tensor* lse = resp->mutable_lse();
+    lse->set_dtype(v1::FP32);
+    lse->add_shape(b);
+    lse->add_shape(info_.num_q_heads());
+    lse->mutable_data()->assign(static_cast<size_t>(b) * zero_lse_.size(), '\0');
+  }
+  v1::BatchInfo* batch = resp->mutable_batch();
+  batch->set_batch_id(NextBatchId());
+  batch->set_batch_size(b);
+  return Ok(ctx);
+}
+
 grpc::ServerUnaryReactor* EchoService::ForkSequence(grpc::CallbackServerContext* ctx,
                                                     const v1::ForkSequenceRequest*,
                                                     v1::ForkSequenceResponse*) {

@@ -40,6 +40,11 @@ class EchoService final : public v1::DecodeService::CallbackService {
   grpc::ServerUnaryReactor* ReleaseSequence(grpc::CallbackServerContext* ctx,
                                             const v1::ReleaseSequenceRequest* req,
                                             v1::ReleaseSequenceResponse* resp) override;
+  // The answer a real server gives a packed layer batch: a code per item, out (and lse)
+  // inline only where the request has no region ref for it; no region is read.
+  grpc::ServerUnaryReactor* DecodeLayer(grpc::CallbackServerContext* ctx,
+                                        const v1::DecodeLayerRequest* req,
+                                        v1::DecodeLayerResponse* resp) override;
 
   // Fills `resp` as a real server would answer `req` (same sizes), batch of `batch_size`,
   // after the request's work_us of CPU.

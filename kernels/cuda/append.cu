@@ -69,7 +69,9 @@ __global__ void __launch_bounds__(kAppendThreads)
 #pragma unroll
   for (int o = kLanes / 2; o > 0; o >>= 1)
     max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, o));
-  if (!live) return;
+  // A negative slot: the row failed the device-side checks of its request (device_rows.cu)
+  // and stores nothing.
+  if (!live || slot < 0) return;
 
   const int64_t row = slot * hkv + h;  // row of the [.., Hkv] storage
   const bool per_token = cache.geo.scale_mode == ScaleMode::kPerTokenHead;

@@ -26,10 +26,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_rows.h"
 #include "server/backend.h"
 #include "server/cuda/cuda_cleanup.h"
 #include "server/cuda/device_buffer.h"
 #include "server/cuda/input_upload.h"
+#include "server/cuda/ipc_region.h"
 #include "spdlog/spdlog.h"
 
 namespace sds {
@@ -196,14 +198,17 @@ class CudaBackend : public Backend {
     DeviceBuffer k_new, v_new, a_layer, a_slot;
     // Decode metadata: [B] each; d_index: flat indices; d_pages: flat page tables.
     DeviceBuffer d_layer, d_pto, d_io, d_topk, d_perkv, d_index, d_pages;
+    // Rows on the device (DeviceRowSource): d_rows [B] sources, d_row_error [B] verdicts.
+    DeviceBuffer d_rows, d_row_error;
     // Inputs of at most 16 KB go in one packed copy; larger ones into their buffers
     // above, or are read in place from the staging.
     InputUpload upload;
     CudaBatchPath path;  // of the last Enqueue on this lane
 
     std::vector<DeviceBuffer*> Buffers() {
-      return {&partial, &counters, &q,     &gate, &out,    &lse,     &k_new,   &v_new,  &a_layer,
-              &a_slot,  &d_layer,  &d_pto, &d_io, &d_topk, &d_perkv, &d_index, &d_pages};
+      return {&partial, &counters, &q,       &gate,    &out,        &lse,  &k_new,
+              &v_new,   &a_layer,  &a_slot,  &d_layer, &d_pto,      &d_io, &d_topk,
+              &d_perkv, &d_index,  &d_pages, &d_rows,  &d_row_error};
     }
   };
 
@@ -274,6 +279,14 @@ class CudaBackend : public Backend {
     return last_path_;
   }
   int max_concurrent_runs() const override { return static_cast<int>(lanes_.size()); }
+
+  bool reads_device_rows() const override { return true; }
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenCudaIpcRegion(absl::string_view ipc_handle,
+                                                                   int32_t device_id,
+                                                                   uint64_t offset,
+                                                                   uint64_t byte_size) override {
+    return cudabackend::OpenIpcRegion(ipc_handle, device_id, offset, byte_size);
+  }
 
   // Runs on a free lane (waiting for one when every lane is busy).
   absl::Status Run(const BatchWork& work, BatchTiming* timing) override {
@@ -428,6 +441,11 @@ class CudaBackend : public Backend {
     const CacheGeometry& geo = view.geo;
     const AppendBatch& a = work.append;
     const DecodeBatch& d = work.decode;
+    // Rows whose tensors are on the device are gathered into the batch's device arrays
+    // (so none of those arrays is read in place from staging), new K/V into append row b.
+    const bool device_rows = d.num_requests > 0 && d.device_rows != nullptr;
+    if (device_rows && a.num_tokens != d.num_requests)
+      return absl::InternalError("CUDA backend: device rows need one appended token per request");
     // Inputs in upload order: append k, v, layers, slots; then the decode inputs.
     std::vector<InputUpload::Input> inputs;
     lane.path = CudaBatchPath{};
@@ -438,7 +456,8 @@ class CudaBackend : public Backend {
       inputs.push_back(Input(&lane.v_new, a.v_new, n * row, "appended v"));
       // Only a decode batch's own new tokens: a prefill (append only, up to thousands of
       // tokens) keeps its copy (not measured in place).
-      if (d.num_requests > 0) lane.path.in_place_new_kv = InPlace(a.num_tokens, &inputs);
+      if (d.num_requests > 0 && !device_rows)
+        lane.path.in_place_new_kv = InPlace(a.num_tokens, &inputs);
       inputs.push_back(Input(&lane.a_layer, a.layer, n, "append layers"));
       inputs.push_back(Input(&lane.a_slot, a.slot, n, "append slots"));
     }
@@ -452,6 +471,9 @@ class CudaBackend : public Backend {
         !s.ok())
       return s;
     if (absl::Status s = lane.upload.Send(lane.stream); !s.ok()) return s;
+    if (device_rows) {
+      if (absl::Status s = GatherDeviceRows(lane, geo, d, dev); !s.ok()) return s;
+    }
     if (options_.log_phases) {
       if (absl::Status s = CudaCall(cudaEventRecord(lane.uploaded, lane.stream), "event record");
           !s.ok())
@@ -499,6 +521,13 @@ class CudaBackend : public Backend {
       const int lists = d.indices_per_kv_head[r] ? geo.num_kv_heads : 1;
       max_topk = std::max(max_topk, k);
       index_total = std::max(index_total, d.index_offset[r] + static_cast<int64_t>(k) * lists);
+      if (d.device_rows != nullptr && d.device_rows[r].q != nullptr) {
+        // Its indices are on the device, checked there against its position: its whole
+        // page table (the pages up to its position) goes up.
+        pages_total = std::max(
+            pages_total, d.page_table_offset[r] + d.device_rows[r].position / geo.page_size + 1);
+        continue;
+      }
       int32_t max_index = -1;
       const int32_t* list = d.indices + d.index_offset[r];
       for (int64_t i = 0; i < static_cast<int64_t>(k) * lists; ++i)
@@ -513,7 +542,7 @@ class CudaBackend : public Backend {
     const size_t rows = b;
     inputs->push_back(Input(&lane.q, d.q, elems, "q"));
     inputs->push_back(Input(&lane.gate, d.gate, elems, "gate"));
-    lane.path.in_place_q = InPlace(b, inputs);
+    lane.path.in_place_q = d.device_rows == nullptr && InPlace(b, inputs);
     inputs->push_back(Input(&lane.d_layer, d.layer, rows, "layers"));
     inputs->push_back(Input(&lane.d_pto, d.page_table_offset, rows, "page table offsets"));
     inputs->push_back(Input(&lane.d_io, d.index_offset, rows, "index offsets"));
@@ -522,6 +551,8 @@ class CudaBackend : public Backend {
     inputs->push_back(Input(&lane.d_index, d.indices, static_cast<size_t>(index_total), "indices"));
     inputs->push_back(
         Input(&lane.d_pages, d.page_table, static_cast<size_t>(pages_total), "page tables"));
+    if (d.device_rows != nullptr)
+      inputs->push_back(Input(&lane.d_rows, d.device_rows, rows, "device row sources"));
     *max_topk_out = max_topk;
     return absl::OkStatus();
   }
@@ -550,7 +581,8 @@ class CudaBackend : public Backend {
     const int64_t elems = static_cast<int64_t>(b) * d.num_q_heads * view.geo.head_dim;
     const int64_t rows = static_cast<int64_t>(b) * d.num_q_heads;
     // out: [B, Hq, D] bf16, lse: [B, Hq] float, each in staging (direct) or device memory.
-    const bool small = b <= options_.direct_out_max_requests;
+    // Device rows are answered from the device buffers (ScatterDeviceOutputs).
+    const bool small = b <= options_.direct_out_max_requests && d.device_rows == nullptr;
     void* direct_out = small ? staging_.DeviceAddress(d.out, elems * 2) : nullptr;
     void* direct_lse = small ? staging_.DeviceAddress(d.lse, sizeof(float) * rows) : nullptr;
     lane.path.direct_out = direct_out != nullptr;
@@ -566,6 +598,16 @@ class CudaBackend : public Backend {
                                             cuda::DecodeKernel::kDefault, &d, after_append);
         !s.ok())
       return s;
+    // Every row answered on the device needs no host copy of the outputs.
+    bool host_answers = true;
+    if (d.device_rows != nullptr) {
+      if (absl::Status s = ScatterDeviceOutputs(lane, view.geo, d, batch, dev[9]); !s.ok())
+        return s;
+      host_answers = false;
+      for (int32_t r = 0; r < b && !host_answers; ++r)
+        host_answers = d.device_rows[r].q == nullptr || d.device_rows[r].out == nullptr;
+    }
+    if (!host_answers) return absl::OkStatus();
     if (direct_out == nullptr) {
       if (absl::Status s = CudaCall(cudaMemcpyAsync(d.out, lane.out.get(), elems * 2,
                                                     cudaMemcpyDeviceToHost, lane.stream),
@@ -578,6 +620,60 @@ class CudaBackend : public Backend {
                                       cudaMemcpyDeviceToHost, lane.stream),
                       "copy of lse to the host");
     return absl::OkStatus();
+  }
+
+  // The device stage before the append of a batch with device rows: their q, gate, new
+  // K/V and indices gathered into the uploaded arrays (dev: the device addresses in
+  // Enqueue's upload order) and checked; verdicts start at kRowOk for every row.
+  absl::Status GatherDeviceRows(Lane& lane, const CacheGeometry& geo, const DecodeBatch& d,
+                                const std::vector<void*>& dev) {
+    const int32_t b = d.num_requests;
+    if (absl::Status s = lane.d_row_error.Reserve(b, "device row verdicts"); !s.ok()) return s;
+    if (absl::Status s = CudaCall(cudaMemsetAsync(lane.d_row_error.get(), kRowOk, b, lane.stream),
+                                  "clearing device row verdicts");
+        !s.ok())
+      return s;
+    cuda::GatherRowsParams p;
+    p.num_rows = b;
+    p.num_q_heads = d.num_q_heads;
+    p.num_kv_heads = geo.num_kv_heads;
+    p.head_dim = geo.head_dim;
+    // Upload order: append k_new, v_new, layers, slots; q, gate, layers, page table
+    // offsets, index offsets, top-K, index forms, indices, page tables, device rows.
+    p.k_new = static_cast<uint16_t*>(dev[0]);
+    p.v_new = static_cast<uint16_t*>(dev[1]);
+    p.slot = static_cast<int64_t*>(dev[3]);
+    p.q = static_cast<uint16_t*>(dev[4]);
+    p.gate = static_cast<uint16_t*>(dev[5]);
+    p.index_offset = static_cast<const int64_t*>(dev[8]);
+    p.topk = static_cast<const int32_t*>(dev[9]);
+    p.indices_per_kv_head = static_cast<const uint8_t*>(dev[10]);
+    p.indices = static_cast<int32_t*>(dev[11]);
+    p.rows = static_cast<const DeviceRowSource*>(dev[13]);
+    p.row_error = lane.d_row_error.as<uint8_t>();
+    return CudaCall(cuda::EnqueueGatherDeviceRows(p, lane.stream), "device row gather launch");
+  }
+
+  // The device stage after the decode of a batch with device rows: their answers written
+  // to their destinations, the verdicts copied back to d.row_error. `rows_dev`: the
+  // device copy of d.device_rows (dev[9] of EnqueueDecode's decode inputs).
+  absl::Status ScatterDeviceOutputs(Lane& lane, const CacheGeometry& geo, const DecodeBatch& d,
+                                    const DecodeBatch& batch, void* rows_dev) {
+    cuda::ScatterRowsParams p;
+    p.num_rows = d.num_requests;
+    p.num_q_heads = d.num_q_heads;
+    p.head_dim = geo.head_dim;
+    p.rows = static_cast<const DeviceRowSource*>(rows_dev);
+    p.out = batch.out;
+    p.lse = batch.lse;
+    p.row_error = lane.d_row_error.as<uint8_t>();
+    if (absl::Status s = CudaCall(cuda::EnqueueScatterDeviceOutputs(p, lane.stream),
+                                  "device row scatter launch");
+        !s.ok())
+      return s;
+    return CudaCall(cudaMemcpyAsync(d.row_error, lane.d_row_error.get(), d.num_requests,
+                                    cudaMemcpyDeviceToHost, lane.stream),
+                    "copy of the device row verdicts to the host");
   }
 
   BackendConfig config_;

@@ -25,6 +25,7 @@ from sparse_decode_client import DecodeClient, DecodeError, float32_to_bf16_bits
 from sparse_decode_client._stubs import pb
 
 SERVER = None
+BACKEND = "cpu"  # --cuda: the CUDA backend, and CUDA regions (torch tensors) as well
 PREFILL = 37  # not a page multiple: new tokens land mid-page and at page 3's start
 PAGE = 16
 POISON = 0xFFFF  # a NaN pattern no output holds
@@ -32,7 +33,7 @@ POISON = 0xFFFF  # a NaN pattern no output holds
 
 def start_server(hq, hkv, d, extra=()):
     metrics_port = free_port()
-    argv = [SERVER, "--backend=cpu", "--num_layers=2", f"--num_q_heads={hq}",
+    argv = [SERVER, f"--backend={BACKEND}", "--num_layers=2", f"--num_q_heads={hq}",
             f"--num_kv_heads={hkv}", f"--head_dim={d}", f"--page_size={PAGE}",
             "--cache_pages=512", "--max_batch_size=16", "--max_queue_delay_us=300",
             "--cpu_threads=2", f"--metrics_listen=127.0.0.1:{metrics_port}", *extra]
@@ -50,6 +51,45 @@ def start_server(hq, hkv, d, extra=()):
 class LayerCase(unittest.TestCase):
     HQ, HKV, D = 8, 2, 64
     B = 5  # odd, and at least 5 (test_each_item_fails_alone)
+    CUDA = False  # regions in CUDA memory (torch), read and written by the device
+
+    def new_region(self, name, size):
+        if self.CUDA:
+            import torch
+            memory = torch.empty(size, dtype=torch.uint8, device="cuda")
+            return self.client.register_cuda_region(name, memory)
+        return self.client.register_system_region(name, size)
+
+    def view(self, region, shape, dtype, fill=None):
+        """A view of fresh bytes of `region`, optionally holding `fill` (numpy)."""
+        if not self.CUDA:
+            v = region.numpy(shape, dtype)
+            if fill is not None:
+                v[...] = fill
+            return v
+        import torch
+        tdtype = {np.dtype(np.uint16): torch.bfloat16, np.dtype(np.int32): torch.int32,
+                  np.dtype(np.float32): torch.float32}[np.dtype(dtype)]
+        v = region.torch(shape, tdtype)
+        if fill is not None:
+            host = np.ascontiguousarray(fill)
+            if tdtype == torch.bfloat16:
+                t = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(host)
+            v.copy_(t.to(v.device))
+        return v
+
+    @staticmethod
+    def host(v):
+        """A view's values as numpy (bf16 as uint16 bits)."""
+        if isinstance(v, np.ndarray):
+            return v
+        import torch
+        t = v.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16)
+        return t.numpy()
 
     @classmethod
     def setUpClass(cls):
@@ -124,15 +164,12 @@ class LayerCase(unittest.TestCase):
         """A region holding copies of the inputs `x` and poisoned out / lse."""
         b, hq, d = self.B, self.HQ, self.D
         size = sum(a.nbytes for a in x.values()) + b * hq * d * 2 + b * hq * 4 + 4096 + extra_bytes
-        region = self.client.register_system_region(name, size)
-        views = {}
-        for key, a in x.items():
-            views[key] = region.numpy(a.shape, a.dtype)
-            views[key][...] = a
-        views["out"] = region.numpy((b, hq, d), np.uint16)
-        views["out"][...] = POISON
-        views["lse"] = region.numpy((b, hq), np.float32)
-        views["lse"].view(np.uint32)[...] = 0xFFFFFFFF
+        region = self.new_region(name, size)
+        views = {key: self.view(region, a.shape, a.dtype, a) for key, a in x.items()}
+        views["out"] = self.view(region, (b, hq, d), np.uint16,
+                                 np.full((b, hq, d), POISON, np.uint16))
+        views["lse"] = self.view(region, (b, hq), np.float32,
+                                 np.full((b, hq), 0xFFFFFFFF, np.uint32).view(np.float32))
         return region, views
 
     # -- the same bits through both paths ----------------------------------------------
@@ -148,14 +185,15 @@ class LayerCase(unittest.TestCase):
                                            out=views["out"], lse=views["lse"])
             self.assertTrue(res.ok)
             self.assertIs(res.out, views["out"])
-            self.assertFalse((views["out"] == POISON).any(), "an output element was not written")
+            out, lse = self.host(views["out"]), self.host(views["lse"])
+            self.assertFalse((out == POISON).any(), "an output element was not written")
             for i in range(self.B):
-                np.testing.assert_array_equal(views["out"][i], want[i].out_bits, f"item {i}")
-                np.testing.assert_array_equal(views["lse"][i].view(np.uint32),
+                np.testing.assert_array_equal(out[i], want[i].out_bits, f"item {i}")
+                np.testing.assert_array_equal(lse[i].view(np.uint32),
                                               want[i].lse.view(np.uint32), f"lse of item {i}")
                 # ... and both against the float64 reference.
                 want_out, _ = self.reference(b[i], layer, x, i, topk)
-                got = ref.bf16_to_f64(views["out"][i])
+                got = ref.bf16_to_f64(out[i])
                 floor = 0.01 * np.max(np.abs(want_out), axis=1, keepdims=True)
                 tol = 2 * ref.bf16_ulp(np.maximum(np.abs(want_out), floor)) + 1e-30
                 self.assertFalse((np.abs(got - want_out) > tol).any(), f"item {i} off the reference")
@@ -192,14 +230,18 @@ class LayerCase(unittest.TestCase):
             res = self.client.decode_layer(0, seqs, positions, views["q"], views["gate"], views["k"],
                                            views["v"], views["indices"], out=views["out"],
                                            raise_on_error=False)
+            if self.CUDA:  # checked on the device: the same codes, other words
+                for i in (1, 3):
+                    self.assertIn("on the device", res.errors[i].message)
             codes = [None if e is None else e.code for e in res.errors]
             self.assertEqual(codes, [None, grpc.StatusCode.INVALID_ARGUMENT, None,
                                      grpc.StatusCode.INVALID_ARGUMENT,
                                      grpc.StatusCode.FAILED_PRECONDITION] + [None] * (self.B - 5))
+            out = self.host(views["out"])
             for i in (1, 3, 4):
-                self.assertTrue((views["out"][i] == POISON).all(), f"failed item {i} wrote out")
+                self.assertTrue((out[i] == POISON).all(), f"failed item {i} wrote out")
             for i in (0, 2):
-                self.assertFalse((views["out"][i] == POISON).any())
+                self.assertFalse((out[i] == POISON).any())
             # Nothing stored for the failed ones: position PREFILL is still free for them.
             for i in (1, 3):
                 with self.assertRaises(DecodeError) as cm:
@@ -220,6 +262,18 @@ class Heads32over8(LayerCase):
 
 class Heads8over1(LayerCase):
     HQ, HKV, D, B = 8, 1, 64, 7
+
+
+class CudaHeads32over8(LayerCase):
+    HQ, HKV, D, B, CUDA = 32, 8, 128, 5, True
+
+
+class CudaHeads8over2(LayerCase):
+    HQ, HKV, D, B, CUDA = 8, 2, 64, 7, True
+
+
+class CudaHeads64over8(LayerCase):
+    HQ, HKV, D, B, CUDA = 64, 8, 128, 5, True
 
 
 class BadReferences(unittest.TestCase):
@@ -431,12 +485,27 @@ class ShmOff(unittest.TestCase):
             server.stop()
 
 
+def load_tests(loader, tests, pattern):
+    """The CUDA cases only with --cuda (a GPU and torch); the others either way."""
+    suite = unittest.TestSuite()
+    for case in tests:
+        for test in case:
+            cuda_case = getattr(test, "CUDA", False)
+            if cuda_case and BACKEND != "cuda":
+                continue
+            suite.addTest(test)
+    return suite
+
+
 def main():
-    global SERVER
+    global SERVER, BACKEND
     p = argparse.ArgumentParser()
     p.add_argument("--server", required=True, help="path of decode_server")
+    p.add_argument("--cuda", action="store_true",
+                   help="run the server on the CUDA backend and add the CUDA-region cases")
     args, rest = p.parse_known_args()
     SERVER = args.server
+    BACKEND = "cuda" if args.cuda else "cpu"
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 

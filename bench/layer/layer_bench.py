@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""One layer's decode step through each transport, against its ceilings in the same run.
+
+    python3 bench/layer/layer_bench.py --server HOST:PORT --echo HOST:PORT \
+        [--transports bytes,shm,cuda] [--batches 1,8,64,256] [--in_flight 1,4] [--seconds 3]
+
+--server: decode_server started with --allow_client_shm and --num_layers=1 (the model
+shape is read from it); --echo: echo_server of the same shape (bench/e2e). Transports:
+bytes = DecodeBatch of B requests (tensors in the message), shm = DecodeLayer with the
+tensors in a POSIX shared-memory region, cuda = DecodeLayer with them in a CUDA region
+(torch; the server on the CUDA backend). Every call of a case repeats the same prebuilt
+message (the same tokens rewritten at the same positions), from `in_flight` threads.
+
+For each case: per-call p50/p99 latency and token-layers/s (B items per call) of the
+server and of the echo server (the same message answered without work: what gRPC alone
+costs), the backend's median compute time per batch (BatchInfo.compute_us: device time
+on CUDA, the kernel's wall time on the CPU) and its kernel-only rate B / compute, and
+the ratios: rate / echo rate, rate / kernel-only rate, p50 / (compute + echo p50).
+Writes the table and a JSON file; exits 1 when a case made no call, a call failed or an
+item came back with an error.
+"""
+import argparse
+import json
+import sys
+import threading
+import time
+
+import numpy as np
+
+from sparse_decode_client import DecodeClient, float32_to_bf16_bits
+from sparse_decode_client._stubs import pb
+
+
+def percentile(values, q):
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+class Case:
+    def __init__(self, name, batch, in_flight, call, check):
+        self.name, self.batch, self.in_flight, self.call, self.check = (
+            name, batch, in_flight, call, check)
+
+
+def run(call, check, in_flight, seconds):
+    """Calls `call()` from `in_flight` threads for `seconds`; returns latencies (s) and
+    the responses' compute_us. Raises on a failed call or item."""
+    latencies, compute, errors = [], [], []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def loop():
+        mine, comp = [], []
+        try:
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                resp = call()
+                mine.append(time.perf_counter() - t0)
+                c = check(resp)
+                if c is not None:
+                    comp.append(c)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+        with lock:
+            latencies.extend(mine)
+            compute.extend(comp)
+
+    threads = [threading.Thread(target=loop) for _ in range(in_flight)]
+    t_start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t_start
+    if errors:
+        raise RuntimeError(f"a call failed: {errors[0]}")
+    return latencies, compute, wall
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--server", required=True)
+    p.add_argument("--echo", required=True)
+    p.add_argument("--transports", default="bytes,shm")
+    p.add_argument("--batches", default="1,8,64,256")
+    p.add_argument("--in_flight", default="1,4")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--warmup", type=float, default=0.5)
+    p.add_argument("--topk", type=int, default=512)
+    p.add_argument("--prefill", type=int, default=1024)
+    p.add_argument("--json", default="layer_bench.json")
+    args = p.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    flights = [int(f) for f in args.in_flight.split(",")]
+    transports = args.transports.split(",")
+
+    client = DecodeClient(args.server, timeout=60)
+    echo = DecodeClient(args.echo, timeout=60)
+    hq, hkv, d = client.shape
+    rng = np.random.default_rng(7)
+    n = max(batches)
+    seqs = [f"bench-{i}" for i in range(n)]
+    for s in seqs:
+        client.create_sequence(s, reserve_tokens=args.prefill + 1)
+        k = float32_to_bf16_bits(rng.standard_normal((args.prefill, hkv, d)))
+        client.append_kv(s, 0, 0, k, k)
+    pos = args.prefill
+    q = float32_to_bf16_bits(rng.standard_normal((n, hq, d)))
+    gate = float32_to_bf16_bits(rng.standard_normal((n, hq, d)))
+    kn = float32_to_bf16_bits(rng.standard_normal((n, hkv, d)))
+    vn = float32_to_bf16_bits(rng.standard_normal((n, hkv, d)))
+    idx = rng.integers(0, pos + 1, size=(n, args.topk)).astype(np.int32)
+
+    regions = {}
+    if "shm" in transports:
+        r = client.register_system_region("bench-shm", 64 << 20)
+        views = {name: r.numpy(a.shape, a.dtype) for name, a in
+                 (("q", q), ("gate", gate), ("k", kn), ("v", vn), ("indices", idx))}
+        for name, a in (("q", q), ("gate", gate), ("k", kn), ("v", vn), ("indices", idx)):
+            views[name][...] = a
+        views["out"] = r.numpy((n, hq, d), np.uint16)
+        regions["shm"] = (r, views)
+    if "cuda" in transports:
+        import torch
+        mem = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        r = client.register_cuda_region("bench-cuda", mem)
+        views = {}
+        for name, a in (("q", q), ("gate", gate), ("k", kn), ("v", vn), ("indices", idx)):
+            t = torch.from_numpy(a.view(np.int16) if a.dtype == np.uint16 else a)
+            dt = torch.bfloat16 if a.dtype == np.uint16 else torch.int32
+            views[name] = r.torch(a.shape, dt)
+            views[name].copy_(t.view(dt).to("cuda"))
+        views["out"] = r.torch((n, hq, d), torch.bfloat16)
+        torch.cuda.synchronize()
+        regions["cuda"] = (r, views)
+
+    def layer_request(b, transport):
+        region, views = regions[transport]
+        req = pb.DecodeLayerRequest(layer=0, sequence_ids=seqs[:b], positions=[pos] * b)
+        for name in ("q", "gate", "k", "v", "indices", "out"):
+            v = views[name][:b]
+            addr = v.ctypes.data if isinstance(v, np.ndarray) else v.data_ptr()
+            nbytes = v.nbytes if isinstance(v, np.ndarray) else v.numel() * v.element_size()
+            t = getattr(req, name)
+            t.dtype = pb.INT32 if name == "indices" else pb.BF16
+            t.shape.extend(v.shape)
+            t.ref.CopyFrom(region.ref(addr, nbytes))
+        return req
+
+    def batch_request(b):
+        return pb.DecodeBatchRequest(requests=[client.make_request(
+            seqs[i], 0, pos, q[i], kn[i], vn[i], gate[i], idx[i]) for i in range(b)])
+
+    def check_layer(resp):
+        if any(c != 0 for c in resp.error_codes):
+            i = next(i for i, c in enumerate(resp.error_codes) if c != 0)
+            raise RuntimeError(f"item {i}: {resp.error_messages[i]}")
+        return resp.batch.compute_us
+
+    def check_batch(resp):
+        for r in resp.responses:
+            if r.error_code != 0:
+                raise RuntimeError(r.error_message)
+        return resp.responses[-1].batch.compute_us if resp.responses else None
+
+    rows, failed = [], False
+    for transport in transports:
+        for b in batches:
+            if transport == "bytes":
+                req = batch_request(b)
+                server_call = lambda req=req: client._stub.DecodeBatch(req, timeout=60)
+                echo_call = lambda req=req: echo._stub.DecodeBatch(req, timeout=60)
+                check = check_batch
+            else:
+                req = layer_request(b, transport)
+                server_call = lambda req=req: client._stub.DecodeLayer(req, timeout=60)
+                echo_call = lambda req=req: echo._stub.DecodeLayer(req, timeout=60)
+                check = check_layer
+            message_bytes = req.ByteSize()
+            for f in flights:
+                try:
+                    run(server_call, check, f, args.warmup)
+                    lat, comp, wall = run(server_call, check, f, args.seconds)
+                    run(echo_call, lambda r: None, f, args.warmup)
+                    elat, _, ewall = run(echo_call, lambda r: None, f, args.seconds)
+                except RuntimeError as e:
+                    print(f"{transport} B={b} in_flight={f}: {e}", file=sys.stderr)
+                    failed = True
+                    continue
+                if not lat or not elat:
+                    print(f"{transport} B={b} in_flight={f}: no calls completed", file=sys.stderr)
+                    failed = True
+                    continue
+                rate = len(lat) * b / wall
+                erate = len(elat) * b / ewall
+                compute_us = float(np.median(comp)) if comp else float("nan")
+                kernel_rate = b / (compute_us * 1e-6) if comp and compute_us > 0 else float("nan")
+                p50, ep50 = percentile(lat, 50), percentile(elat, 50)
+                rows.append(dict(
+                    transport=transport, batch=b, in_flight=f, message_bytes=message_bytes,
+                    calls=len(lat), p50_ms=p50 * 1e3, p99_ms=percentile(lat, 99) * 1e3,
+                    token_layers_per_s=rate, echo_p50_ms=ep50 * 1e3, echo_token_layers_per_s=erate,
+                    compute_us=compute_us, kernel_token_layers_per_s=kernel_rate,
+                    rate_vs_echo=rate / erate, rate_vs_kernel=rate / kernel_rate,
+                    p50_vs_ceiling=p50 / (compute_us * 1e-6 + ep50)))
+    for r in regions.values():
+        r[0].close()
+    hdr = ("transport", "B", "fl", "msg KB", "calls", "p50 ms", "p99 ms", "tok-layers/s",
+           "echo p50", "echo rate", "compute us", "kernel rate", "/echo", "/kernel", "p50/ceil")
+    print(" | ".join(hdr))
+    for r in rows:
+        print(" | ".join([r["transport"], str(r["batch"]), str(r["in_flight"]),
+                          f"{r['message_bytes'] / 1024:.1f}", str(r["calls"]), f"{r['p50_ms']:.3f}",
+                          f"{r['p99_ms']:.3f}", f"{r['token_layers_per_s']:.0f}",
+                          f"{r['echo_p50_ms']:.3f}", f"{r['echo_token_layers_per_s']:.0f}",
+                          f"{r['compute_us']:.0f}", f"{r['kernel_token_layers_per_s']:.0f}",
+                          f"{r['rate_vs_echo']:.2f}", f"{r['rate_vs_kernel']:.2f}",
+                          f"{r['p50_vs_ceiling']:.2f}"]))
+    by = {(r["transport"], r["batch"], r["in_flight"]): r for r in rows}
+    for (t, b, f), r in sorted(by.items()):
+        if t != "bytes" and ("bytes", b, f) in by:
+            print(f"{t} / bytes at B={b} in_flight={f}: "
+                  f"{r['token_layers_per_s'] / by[('bytes', b, f)]['token_layers_per_s']:.1f}x")
+    with open(args.json, "w") as fh:
+        json.dump(rows, fh, indent=1)
+    expected = len(transports) * len(batches) * len(flights)
+    if failed or len(rows) != expected:
+        print(f"layer_bench: {len(rows)} of {expected} cases measured", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
