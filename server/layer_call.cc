@@ -257,7 +257,7 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
     item->set_layer(r.layer());
     item->set_position(r.positions(i));
     item->set_request_id(r.request_id());
-    item->set_return_lse(call->lse_ != nullptr);
+    item->set_return_lse(lse_wanted);
     for (v1::Tensor* t : {item->mutable_q(), item->mutable_gate()}) {
       t->set_dtype(v1::BF16);
       t->add_shape(hq);

@@ -9,6 +9,7 @@
 // AnswerWriter, into the caller's region or the response.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -60,6 +61,17 @@ class LayerCall {
   // Records item b's outcome; true for the last item of the call, after which the
   // response is complete (codes, messages, the last batch's BatchInfo).
   bool Finish(int32_t b, const absl::Status& status);
+  // After the last Finish: fn(code, items) for every code the items ended with.
+  template <typename Fn>
+  void ForEachCode(Fn&& fn) const {
+    std::array<int32_t, 17> counts{};  // OK .. UNAUTHENTICATED; others as UNKNOWN
+    for (const absl::Status& s : status_) {
+      const int code = static_cast<int>(s.code());
+      ++counts[code >= 0 && code < 17 ? code : static_cast<int>(absl::StatusCode::kUnknown)];
+    }
+    for (int code = 0; code < 17; ++code)
+      if (counts[code] > 0) fn(static_cast<absl::StatusCode>(code), counts[code]);
+  }
 
  private:
   LayerCall() = default;

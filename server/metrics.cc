@@ -115,13 +115,17 @@ void Metrics::ObserveBatch(int32_t batch_size, double queue_s, double compute_s,
 }
 
 void Metrics::CountRequest(absl::string_view rpc, absl::StatusCode code) {
+  CountRequests(rpc, code, 1);
+}
+
+void Metrics::CountRequests(absl::string_view rpc, absl::StatusCode code, uint64_t count) {
   int index = static_cast<int>(code);
   if (index < 0 || index >= kNumCodes) index = static_cast<int>(absl::StatusCode::kUnknown);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = requests_.find(rpc);
   if (it == requests_.end())
     it = requests_.emplace(std::string(rpc), std::array<uint64_t, kNumCodes>{}).first;
-  ++it->second[index];
+  it->second[index] += count;
 }
 
 void Metrics::ObserveLatency(absl::string_view rpc, double seconds) {

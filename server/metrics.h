@@ -75,6 +75,8 @@ class Metrics {
 
   void ObserveBatch(int32_t batch_size, double queue_s, double compute_s, double total_s);
   void CountRequest(absl::string_view rpc, absl::StatusCode code);
+  // `count` requests of `rpc` that ended with `code` (a call's items, counted at once).
+  void CountRequests(absl::string_view rpc, absl::StatusCode code, uint64_t count);
   void ObserveLatency(absl::string_view rpc, double seconds);
   // DecodeStream: from a request's batch finishing to gRPC taking its answer for sending.
   void ObserveStreamAnswerSend(double seconds);

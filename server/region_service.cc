@@ -118,8 +118,12 @@ void DecodeServiceImpl::RunLayerCall(const std::string& tenant,
   works.reserve(n);
   for (int32_t b = 0; b < n; ++b) {
     auto done = [this, call, b, finish](const absl::Status& s) {
-      metrics_->CountRequest(kDecodeLayerRpc, s.code());
-      if (call->Finish(b, s)) finish(absl::OkStatus());
+      if (!call->Finish(b, s)) return;
+      // The call's items, counted once per code: a lock per call, not per item.
+      call->ForEachCode([this](absl::StatusCode code, int32_t count) {
+        metrics_->CountRequests(kDecodeLayerRpc, code, static_cast<uint64_t>(count));
+      });
+      finish(absl::OkStatus());
     };
     DecodeWork work;
     absl::Status s;

@@ -40,15 +40,13 @@ absl::Status Region::WriteIfLive(const std::function<void()>& write) const {
   return absl::OkStatus();
 }
 
-bool Region::revoked() const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  return revoked_;
-}
+bool Region::revoked() const { return revoked_flag_.load(std::memory_order_acquire); }
 
 void Region::Revoke() {
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
     revoked_ = true;
+    revoked_flag_.store(true, std::memory_order_release);
   }
   std::unique_lock<std::mutex> lock(pin_mu_);
   pin_revoked_ = true;

@@ -72,6 +72,8 @@ class Region {
   std::function<void()> unmap_;
   mutable std::shared_mutex mu_;  // exclusive in Revoke, shared around writes
   bool revoked_ = false;
+  // revoked_ for a check without the lock (every item of a call checks every region).
+  std::atomic<bool> revoked_flag_{false};
   mutable std::mutex pin_mu_;
   mutable std::condition_variable unpinned_;
   mutable int64_t pins_ = 0;  // guarded by pin_mu_

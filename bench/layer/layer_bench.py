@@ -21,6 +21,7 @@ item came back with an error.
 """
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -41,14 +42,14 @@ class Case:
             name, batch, in_flight, call, check)
 
 
-def run(call, check, in_flight, seconds):
-    """Calls `call()` from `in_flight` threads for `seconds`; returns latencies (s) and
-    the responses' compute_us. Raises on a failed call or item."""
+def run(calls, check, in_flight, seconds):
+    """Thread t calls `calls[t]()` for `seconds` (t < in_flight); returns latencies (s),
+    the responses' compute_us and the wall time. Raises on a failed call or item."""
     latencies, compute, errors = [], [], []
     lock = threading.Lock()
     stop = time.monotonic() + seconds
 
-    def loop():
+    def loop(call):
         mine, comp = [], []
         try:
             while time.monotonic() < stop:
@@ -64,7 +65,7 @@ def run(call, check, in_flight, seconds):
             latencies.extend(mine)
             compute.extend(comp)
 
-    threads = [threading.Thread(target=loop) for _ in range(in_flight)]
+    threads = [threading.Thread(target=loop, args=(calls[t],)) for t in range(in_flight)]
     t_start = time.monotonic()
     for t in threads:
         t.start()
@@ -86,7 +87,7 @@ def main():
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=0.5)
     p.add_argument("--topk", type=int, default=512)
-    p.add_argument("--prefill", type=int, default=1024)
+    p.add_argument("--prefill", type=int, default=600)
     p.add_argument("--json", default="layer_bench.json")
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -97,8 +98,10 @@ def main():
     echo = DecodeClient(args.echo, timeout=60)
     hq, hkv, d = client.shape
     rng = np.random.default_rng(7)
-    n = max(batches)
-    seqs = [f"bench-{i}" for i in range(n)]
+    # Calls in flight are a runner's micro-batches: disjoint sequences (and output rows),
+    # so that their batches may run side by side.
+    n = max(batches) * max(flights)
+    seqs = [f"bench-{os.getpid()}-{i}" for i in range(n)]  # a fresh set per run
     for s in seqs:
         client.create_sequence(s, reserve_tokens=args.prefill + 1)
         k = float32_to_bf16_bits(rng.standard_normal((args.prefill, hkv, d)))
@@ -112,7 +115,7 @@ def main():
 
     regions = {}
     if "shm" in transports:
-        r = client.register_system_region("bench-shm", 64 << 20)
+        r = client.register_system_region(f"bench-shm-{os.getpid()}", 256 << 20)
         views = {name: r.numpy(a.shape, a.dtype) for name, a in
                  (("q", q), ("gate", gate), ("k", kn), ("v", vn), ("indices", idx))}
         for name, a in (("q", q), ("gate", gate), ("k", kn), ("v", vn), ("indices", idx)):
@@ -121,8 +124,8 @@ def main():
         regions["shm"] = (r, views)
     if "cuda" in transports:
         import torch
-        mem = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-        r = client.register_cuda_region("bench-cuda", mem)
+        mem = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        r = client.register_cuda_region(f"bench-cuda-{os.getpid()}", mem)
         views = {}
         for name, a in (("q", q), ("gate", gate), ("k", kn), ("v", vn), ("indices", idx)):
             t = torch.from_numpy(a.view(np.int16) if a.dtype == np.uint16 else a)
@@ -133,11 +136,13 @@ def main():
         torch.cuda.synchronize()
         regions["cuda"] = (r, views)
 
-    def layer_request(b, transport):
+    def layer_request(b, transport, t):
+        """Thread t's call: items t * b .. (t + 1) * b."""
         region, views = regions[transport]
-        req = pb.DecodeLayerRequest(layer=0, sequence_ids=seqs[:b], positions=[pos] * b)
+        rows = slice(t * b, (t + 1) * b)
+        req = pb.DecodeLayerRequest(layer=0, sequence_ids=seqs[rows], positions=[pos] * b)
         for name in ("q", "gate", "k", "v", "indices", "out"):
-            v = views[name][:b]
+            v = views[name][rows]
             addr = v.ctypes.data if isinstance(v, np.ndarray) else v.data_ptr()
             nbytes = v.nbytes if isinstance(v, np.ndarray) else v.numel() * v.element_size()
             t = getattr(req, name)
@@ -146,9 +151,9 @@ def main():
             t.ref.CopyFrom(region.ref(addr, nbytes))
         return req
 
-    def batch_request(b):
+    def batch_request(b, t):
         return pb.DecodeBatchRequest(requests=[client.make_request(
-            seqs[i], 0, pos, q[i], kn[i], vn[i], gate[i], idx[i]) for i in range(b)])
+            seqs[i], 0, pos, q[i], kn[i], vn[i], gate[i], idx[i]) for i in range(t * b, (t + 1) * b)])
 
     def check_layer(resp):
         if any(c != 0 for c in resp.error_codes):
@@ -166,22 +171,22 @@ def main():
     for transport in transports:
         for b in batches:
             if transport == "bytes":
-                req = batch_request(b)
-                server_call = lambda req=req: client._stub.DecodeBatch(req, timeout=60)
-                echo_call = lambda req=req: echo._stub.DecodeBatch(req, timeout=60)
+                reqs = [batch_request(b, t) for t in range(max(flights))]
+                server_calls = [lambda r=r: client._stub.DecodeBatch(r, timeout=60) for r in reqs]
+                echo_calls = [lambda r=r: echo._stub.DecodeBatch(r, timeout=60) for r in reqs]
                 check = check_batch
             else:
-                req = layer_request(b, transport)
-                server_call = lambda req=req: client._stub.DecodeLayer(req, timeout=60)
-                echo_call = lambda req=req: echo._stub.DecodeLayer(req, timeout=60)
+                reqs = [layer_request(b, transport, t) for t in range(max(flights))]
+                server_calls = [lambda r=r: client._stub.DecodeLayer(r, timeout=60) for r in reqs]
+                echo_calls = [lambda r=r: echo._stub.DecodeLayer(r, timeout=60) for r in reqs]
                 check = check_layer
-            message_bytes = req.ByteSize()
+            message_bytes = reqs[0].ByteSize()
             for f in flights:
                 try:
-                    run(server_call, check, f, args.warmup)
-                    lat, comp, wall = run(server_call, check, f, args.seconds)
-                    run(echo_call, lambda r: None, f, args.warmup)
-                    elat, _, ewall = run(echo_call, lambda r: None, f, args.seconds)
+                    run(server_calls, check, f, args.warmup)
+                    lat, comp, wall = run(server_calls, check, f, args.seconds)
+                    run(echo_calls, lambda r: None, f, args.warmup)
+                    elat, _, ewall = run(echo_calls, lambda r: None, f, args.seconds)
                 except RuntimeError as e:
                     print(f"{transport} B={b} in_flight={f}: {e}", file=sys.stderr)
                     failed = True

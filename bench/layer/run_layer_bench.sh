@@ -6,7 +6,8 @@
 # BIN_DIR holds decode_server and echo_server (a build's server/ and bench/e2e/ are
 # found too). Environment: BACKEND (cpu | cuda), SHAPE (small: 8/2 heads, D 64, top-K 64;
 # seed: 32/8, D 128, top-K 512), TRANSPORTS (bytes,shm; add cuda on a GPU), BATCHES
-# (1,8,64,256), IN_FLIGHT (1,4), SECONDS (3), CPU_THREADS (0 = all), PYTHON (python3).
+# (1,8,64,256), IN_FLIGHT (1,4), SECONDS_PER_CASE (3), CPU_THREADS (0 = all),
+# SERVER_FLAGS (more decode_server flags), TAG (names the output files), PYTHON (python3).
 # The Python client must be importable (PYTHONPATH). Exits non-zero when a server does
 # not start or dies, or when layer_bench.py reports a missing or failed case.
 set -euo pipefail
@@ -27,8 +28,8 @@ echo_bin=$(find_bin echo_server)
 BACKEND=${BACKEND:-cpu}
 SHAPE=${SHAPE:-small}
 case $SHAPE in
-  small) HQ=8 HKV=2 D=64 TOPK=64 ;;
-  seed) HQ=32 HKV=8 D=128 TOPK=512 ;;
+  small) HQ=8 HKV=2 D=64 TOPK=64 CACHE=$((1 << 30)) ;;
+  seed) HQ=32 HKV=8 D=128 TOPK=512 CACHE=$((8 << 30)) ;;
   *) echo "run_layer_bench: SHAPE is small or seed" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
@@ -40,9 +41,9 @@ server_port=$(port)
   >"$out/echo_server.log" 2>&1 &
 echo_pid=$!
 "$server" --listen=127.0.0.1:$server_port --metrics_listen= --backend="$BACKEND" "${shape[@]}" \
-  --page_size=64 --cache_bytes=$((2 << 30)) --max_batch_size=256 --max_topk=$TOPK \
+  --page_size=64 --cache_bytes=$CACHE --max_batch_size=256 --max_topk=$TOPK \
   --max_queue_delay_us=200 --eager_batching --cpu_threads="${CPU_THREADS:-0}" \
-  --allow_client_shm >"$out/decode_server.log" 2>&1 &
+  --allow_client_shm ${SERVER_FLAGS:-} >"$out/decode_server.log" 2>&1 &
 server_pid=$!
 trap 'kill $echo_pid $server_pid 2>/dev/null || true' EXIT
 for i in $(seq 1 300); do
@@ -55,7 +56,8 @@ done
 "$PY" "$here/layer_bench.py" --server 127.0.0.1:$server_port --echo 127.0.0.1:$echo_port \
   --transports "${TRANSPORTS:-bytes,shm}" --batches "${BATCHES:-1,8,64,256}" \
   --in_flight "${IN_FLIGHT:-1,4}" --seconds "${SECONDS_PER_CASE:-3}" --topk $TOPK \
-  --json "$out/layer_bench_${BACKEND}_${SHAPE}.json" | tee "$out/layer_bench_${BACKEND}_${SHAPE}.txt"
+  --json "$out/layer_bench_${BACKEND}_${SHAPE}${TAG:-}.json" |
+  tee "$out/layer_bench_${BACKEND}_${SHAPE}${TAG:-}.txt"
 rc=${PIPESTATUS[0]}
 kill -0 $server_pid 2>/dev/null || { echo "run_layer_bench: decode_server died during the run" >&2; exit 1; }
 exit "$rc"

@@ -121,7 +121,7 @@ class CudaRegion(_Region):
         storage = tensor.untyped_storage()
         # (device, handle, storage bytes, storage offset in the allocation, ...)
         shared = storage._share_cuda_()
-        device, handle, offset_in_block = shared[0], shared[1], shared[3]
+        device, handle, offset_in_block = shared[0], _ipc_handle(shared[1]), shared[3]
         nbytes = tensor.numel() * tensor.element_size()
         offset = offset_in_block + tensor.storage_offset() * tensor.element_size()
         super().__init__(client, name, tensor.data_ptr(), nbytes)
@@ -139,6 +139,24 @@ class CudaRegion(_Region):
         offset = self._take(nbytes)
         flat = self.tensor.view(torch.uint8).view(-1)[offset:offset + nbytes]
         return flat.view(dtype).view(*shape)
+
+
+_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+def _ipc_handle(shared):
+    """The cudaIpcMemHandle_t in what torch's _share_cuda_ returns: the 64 bytes alone
+    (older torch), or after a version byte and a kind byte, b"c" for a cudaMalloc block
+    (torch >= 2.2)."""
+    shared = bytes(shared)
+    if len(shared) == _IPC_HANDLE_BYTES:
+        return shared
+    if len(shared) == _IPC_HANDLE_BYTES + 2 and shared[1:2] == b"c":
+        return shared[2:]
+    raise ValueError(
+        f"cannot share this tensor through CUDA IPC (a {len(shared)}-byte torch handle of "
+        f"kind {shared[1:2]!r}); with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torch "
+        "allocates memory that cudaIpcGetMemHandle cannot share")
 
 
 def address_of(array):
