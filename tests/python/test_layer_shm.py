@@ -216,6 +216,42 @@ class LayerCase(unittest.TestCase):
             np.testing.assert_array_equal(res.out[i], want[i].out_bits)
             np.testing.assert_array_equal(res.lse[i], want[i].lse)
 
+    def test_layer_stream_answers_every_message(self):
+        """DecodeLayerStream: several layer messages in flight, each answered once (by
+        request_id) with the bits DecodeLayer gives; a bad message gets its error_code and
+        the stream goes on."""
+        a, b = self.forked("stream")
+        x = self.batch_inputs(per_head=False)
+        want = self.bytes_path(a, 0, x)
+        region, views = self.poisoned_region("stream", x)
+        try:
+            def message(layer, request_id, positions=None):
+                req = pb.DecodeLayerRequest(layer=layer, sequence_ids=b,
+                                            positions=positions or [PREFILL] * self.B,
+                                            request_id=request_id)
+                for key in ("q", "gate", "k", "v", "indices", "out"):
+                    t, by_ref = self.client._packed(
+                        key, views[key], "int32" if key == "indices" else "bf16",
+                        tuple(views[key].shape), "", output=key == "out")
+                    self.assertTrue(by_ref, key)
+                    getattr(req, key).CopyFrom(t)
+                return req
+
+            bad = message(0, 2, positions=[PREFILL] * (self.B - 1))
+            good = message(0, 1)
+            answers = {r.request_id: r for r in self.client._stub.DecodeLayerStream(
+                iter([good, bad]), metadata=self.client._metadata, timeout=30)}
+            self.assertEqual(sorted(answers), [1, 2])
+            self.assertEqual(answers[2].error_code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+            self.assertIn("positions", answers[2].error_message)
+            self.assertEqual(list(answers[1].error_codes), [0] * self.B)
+            self.assertEqual(answers[1].error_code, 0)
+            out = self.host(views["out"])
+            for i in range(self.B):
+                np.testing.assert_array_equal(out[i], want[i].out_bits, f"item {i}")
+        finally:
+            region.close()
+
     def test_each_item_fails_alone(self):
         seqs = [f"{self.id()}-{i}" for i in range(self.B)]
         for s in seqs:
