@@ -103,7 +103,7 @@ void DecodeServiceImpl::RunLayerCall(const std::string& tenant,
                                      const v1::DecodeLayerRequest* request,
                                      v1::DecodeLayerResponse* response, Clock::time_point deadline,
                                      const std::function<bool()>& cancelled,
-                                     std::function<void(const absl::Status&)> finish) {
+                                     const std::function<void(const absl::Status&)>& finish) {
   const LayerCallLimits limits{config_.max_decode_batch_items, config_.allow_client_shm,
                                backend_->reads_device_rows()};
   absl::StatusOr<std::unique_ptr<LayerCall>> planned =
@@ -168,7 +168,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::
                    v1::DecodeLayerResponse* response, Clock::time_point deadline,
                    const std::function<bool()>& cancelled,
                    std::function<void(const absl::Status&)> done) {
-    RunLayerCall(tenant, request, response, deadline, cancelled, std::move(done));
+    RunLayerCall(tenant, request, response, deadline, cancelled, done);
   };
   return new LayerStreamReactor(context, std::move(env), Admit(*context));
 }

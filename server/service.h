@@ -134,7 +134,7 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   void RunLayerCall(const std::string& tenant, const sparse_decode::v1::DecodeLayerRequest* request,
                     sparse_decode::v1::DecodeLayerResponse* response, Clock::time_point deadline,
                     const std::function<bool()>& cancelled,
-                    std::function<void(const absl::Status&)> finish);
+                    const std::function<void(const absl::Status&)>& finish);
 
   const ServiceConfig config_;
   Backend* const backend_;

@@ -16,6 +16,9 @@ server and of the echo server (the same message answered without work: what gRPC
 costs), the backend's median compute time per batch (BatchInfo.compute_us: device time
 on CUDA, the kernel's wall time on the CPU) and its kernel-only rate B / compute, and
 the ratios: rate / echo rate, rate / kernel-only rate, p50 / (compute + echo p50).
+With --metrics, where a call's time goes: the server's mean latency per call (admission,
+queue and run; the rest of p50 is gRPC and the client), the executor's mean time per
+batch (cache bookkeeping, the run and the answers) and batches per call.
 Writes the table and a JSON file; exits 1 when a case made no call, a call failed or an
 item came back with an error.
 """
@@ -30,6 +33,30 @@ import numpy as np
 
 from sparse_decode_client import DecodeClient, float32_to_bf16_bits
 from sparse_decode_client._stubs import pb
+
+
+def scrape(metrics):
+    """(sum, count) of the histograms that split a call's time, from /metrics."""
+    if not metrics:
+        return {}
+    import re
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+    out = {}
+    for m in re.finditer(r'^(sds_\w+?)_(sum|count)(\{[^}]*\})? (\S+)$', text, re.M):
+        name, kind, labels, value = m.group(1), m.group(2), m.group(3) or "", float(m.group(4))
+        key = name + labels
+        out.setdefault(key, [0.0, 0.0])[0 if kind == "sum" else 1] = value
+    return out
+
+
+def mean_delta(before, after, key):
+    """Mean of histogram `key` over the observations between two scrapes (nan if none)."""
+    if key not in after:
+        return float("nan"), 0
+    s0, c0 = before.get(key, [0.0, 0.0])
+    s1, c1 = after[key]
+    return ((s1 - s0) / (c1 - c0) if c1 > c0 else float("nan")), int(c1 - c0)
 
 
 def percentile(values, q):
@@ -89,6 +116,8 @@ def main():
     p.add_argument("--topk", type=int, default=512)
     p.add_argument("--prefill", type=int, default=600)
     p.add_argument("--json", default="layer_bench.json")
+    p.add_argument("--metrics", default="",
+                   help="the server's /metrics host:port: adds where a call's time goes")
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     flights = [int(f) for f in args.in_flight.split(",")]
@@ -184,7 +213,9 @@ def main():
             for f in flights:
                 try:
                     run(server_calls, check, f, args.warmup)
+                    before = scrape(args.metrics)
                     lat, comp, wall = run(server_calls, check, f, args.seconds)
+                    after = scrape(args.metrics)
                     run(echo_calls, lambda r: None, f, args.warmup)
                     elat, _, ewall = run(echo_calls, lambda r: None, f, args.seconds)
                 except RuntimeError as e:
@@ -200,7 +231,13 @@ def main():
                 compute_us = float(np.median(comp)) if comp else float("nan")
                 kernel_rate = b / (compute_us * 1e-6) if comp and compute_us > 0 else float("nan")
                 p50, ep50 = percentile(lat, 50), percentile(elat, 50)
+                rpc = "DecodeBatch" if transport == "bytes" else "DecodeLayer"
+                server_s, _ = mean_delta(before, after,
+                                         f'sds_request_latency_seconds{{rpc="{rpc}"}}')
+                exec_s, n_batches = mean_delta(before, after, "sds_batch_total_seconds")
                 rows.append(dict(
+                    server_call_ms=server_s * 1e3, executor_us_per_batch=exec_s * 1e6,
+                    batches_per_call=n_batches / len(lat) if lat else float("nan"),
                     transport=transport, batch=b, in_flight=f, message_bytes=message_bytes,
                     calls=len(lat), p50_ms=p50 * 1e3, p99_ms=percentile(lat, 99) * 1e3,
                     token_layers_per_s=rate, echo_p50_ms=ep50 * 1e3, echo_token_layers_per_s=erate,
@@ -210,7 +247,8 @@ def main():
     for r in regions.values():
         r[0].close()
     hdr = ("transport", "B", "fl", "msg KB", "calls", "p50 ms", "p99 ms", "tok-layers/s",
-           "echo p50", "echo rate", "compute us", "kernel rate", "/echo", "/kernel", "p50/ceil")
+           "echo p50", "echo rate", "compute us", "kernel rate", "/echo", "/kernel", "p50/ceil",
+           "server ms", "exec us", "batches")
     print(" | ".join(hdr))
     for r in rows:
         print(" | ".join([r["transport"], str(r["batch"]), str(r["in_flight"]),
@@ -219,7 +257,8 @@ def main():
                           f"{r['echo_p50_ms']:.3f}", f"{r['echo_token_layers_per_s']:.0f}",
                           f"{r['compute_us']:.0f}", f"{r['kernel_token_layers_per_s']:.0f}",
                           f"{r['rate_vs_echo']:.2f}", f"{r['rate_vs_kernel']:.2f}",
-                          f"{r['p50_vs_ceiling']:.2f}"]))
+                          f"{r['p50_vs_ceiling']:.2f}", f"{r['server_call_ms']:.3f}",
+                          f"{r['executor_us_per_batch']:.0f}", f"{r['batches_per_call']:.2f}"]))
     by = {(r["transport"], r["batch"], r["in_flight"]): r for r in rows}
     for (t, b, f), r in sorted(by.items()):
         if t != "bytes" and ("bytes", b, f) in by:

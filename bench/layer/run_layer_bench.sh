@@ -37,10 +37,11 @@ port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 shape=(--num_layers=1 --num_q_heads=$HQ --num_kv_heads=$HKV --head_dim=$D)
 echo_port=$(port)
 server_port=$(port)
+metrics_port=$(port)
 "$echo_bin" --listen=127.0.0.1:$echo_port "${shape[@]}" --max_batch_size=256 \
   >"$out/echo_server.log" 2>&1 &
 echo_pid=$!
-"$server" --listen=127.0.0.1:$server_port --metrics_listen= --backend="$BACKEND" "${shape[@]}" \
+"$server" --listen=127.0.0.1:$server_port --metrics_listen=127.0.0.1:$metrics_port --backend="$BACKEND" "${shape[@]}" \
   --page_size=64 --cache_bytes=$CACHE --max_batch_size=256 --max_topk=$TOPK \
   --max_queue_delay_us=200 --eager_batching --cpu_threads="${CPU_THREADS:-0}" \
   --allow_client_shm ${SERVER_FLAGS:-} >"$out/decode_server.log" 2>&1 &
@@ -56,7 +57,7 @@ done
 "$PY" "$here/layer_bench.py" --server 127.0.0.1:$server_port --echo 127.0.0.1:$echo_port \
   --transports "${TRANSPORTS:-bytes,shm}" --batches "${BATCHES:-1,8,64,256}" \
   --in_flight "${IN_FLIGHT:-1,4}" --seconds "${SECONDS_PER_CASE:-3}" --topk $TOPK \
-  --json "$out/layer_bench_${BACKEND}_${SHAPE}${TAG:-}.json" |
+  --metrics 127.0.0.1:$metrics_port --json "$out/layer_bench_${BACKEND}_${SHAPE}${TAG:-}.json" |
   tee "$out/layer_bench_${BACKEND}_${SHAPE}${TAG:-}.txt"
 rc=${PIPESTATUS[0]}
 kill -0 $server_pid 2>/dev/null || { echo "run_layer_bench: decode_server died during the run" >&2; exit 1; }

@@ -29,6 +29,7 @@ BACKEND = "cpu"  # --cuda: the CUDA backend, and CUDA regions (torch tensors) as
 PREFILL = 37  # not a page multiple: new tokens land mid-page and at page 3's start
 PAGE = 16
 POISON = 0xFFFF  # a NaN pattern no output holds
+SKIP = 77  # the exit status ctest reports as skipped (SKIP_RETURN_CODE)
 
 
 def start_server(hq, hkv, d, extra=()):
@@ -542,6 +543,15 @@ def main():
     args, rest = p.parse_known_args()
     SERVER = args.server
     BACKEND = "cuda" if args.cuda else "cpu"
+    if args.cuda:
+        try:
+            import torch
+            usable = torch.cuda.is_available()
+        except ImportError:
+            usable = False
+        if not usable:
+            print("skipped: --cuda needs a GPU and torch with CUDA")
+            sys.exit(SKIP)
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 
