@@ -16,6 +16,9 @@ ABSL_FLAG(int64_t, requests, 0, "stop after this many calls (0 = by --duration_s
 ABSL_FLAG(double, warmup_s, 1, "seconds at the start excluded from the statistics");
 ABSL_FLAG(int32_t, channels, 1, "gRPC channels (TCP connections), shared round-robin");
 ABSL_FLAG(int32_t, batch_size, 64, "requests per DecodeBatch call (--mode=batch)");
+ABSL_FLAG(std::string, transport, "bytes",
+          "--mode=batch: bytes (DecodeBatch, tensors in the message) or shm (DecodeLayer, "
+          "tensors in shared memory; the server on this host with --allow_client_shm)");
 ABSL_FLAG(int32_t, prefill_len, 1024, "tokens prefilled per sequence and layer");
 ABSL_FLAG(int32_t, prefill_chunk, 256, "tokens per AppendKV call");
 ABSL_FLAG(int32_t, max_new_tokens, 256,
@@ -73,6 +76,15 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.warmup_s = absl::GetFlag(FLAGS_warmup_s);
   c.channels = absl::GetFlag(FLAGS_channels);
   c.batch_size = c.mode == Mode::kBatch ? absl::GetFlag(FLAGS_batch_size) : 1;
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "bytes" && transport != "shm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport=", transport, ": use bytes or shm"));
+  }
+  c.shm_transport = transport == "shm";
+  if (c.shm_transport && c.mode != Mode::kBatch) {
+    return absl::InvalidArgumentError("--transport=shm needs --mode=batch");
+  }
   c.prefill_len = absl::GetFlag(FLAGS_prefill_len);
   c.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   c.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);

@@ -36,6 +36,9 @@ struct Config {
   double warmup_s = 1;
   int channels = 1;
   int batch_size = 1;  // requests per DecodeBatch call
+  // --mode=batch: false sends each batch as a DecodeBatch (tensors in the message), true
+  // as DecodeLayer calls with the tensors in a POSIX shared-memory region per worker.
+  bool shm_transport = false;
   int prefill_len = 1024;
   int prefill_chunk = 256;
   int max_new_tokens = 256;  // then positions wrap back to prefill_len (same data)

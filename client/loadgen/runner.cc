@@ -1,10 +1,12 @@
 #include "client/loadgen/runner.h"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -234,6 +236,12 @@ void Runner::WorkerLoop(Worker* w) {
     }
   }
   DropStream(w);
+  if (w->region != nullptr) {
+    if (absl::Status s = client::UnregisterRegion(*w->client, w->region_name); !s.ok()) {
+      std::fprintf(stderr, "decode_loadgen: unregistering %s: %s\n", w->region_name.c_str(),
+                   s.ToString().c_str());
+    }
+  }
   --active_workers_;
 }
 
@@ -271,6 +279,7 @@ void Runner::Execute(Worker* w, Clock::time_point intended) {
   for (size_t i = 0; i < w->seqs.size(); ++i) {
     workload_.FillDecode(w->seqs[i], w->cursors[i], w->rng, &w->inputs[i]);
   }
+  if (config_.shm_transport) return ExecuteShm(w, intended, call);
   if (config_.mode == Mode::kBatch) {
     auto r = w->client->DecodeBatch(w->inputs, call);
     w->call_end = Clock::now();
@@ -294,6 +303,99 @@ void Runner::Execute(Worker* w, Clock::time_point intended) {
   if (!r.ok()) return RecordError(w, intended, r.status());
   RecordSuccess(w, intended, r->batch, true);
   workload_.Advance(&w->cursors[0]);
+}
+
+absl::Status Runner::SetUpRegion(Worker* w) {
+  absl::StatusOr<client::Shape> shape = w->client->GetShape();
+  if (!shape.ok()) return shape.status();
+  const size_t b = w->inputs.size();
+  const size_t q_row = size_t{2} * shape->num_q_heads * shape->head_dim;
+  const size_t kv_row = size_t{2} * shape->num_kv_heads * shape->head_dim;
+  const size_t idx_row =
+      size_t{4} * config_.topk * (config_.per_head_indices ? shape->num_kv_heads : 1);
+  // q, gate, k, v, indices, out: each starts on a 256-byte boundary.
+  const size_t sizes[] = {b * q_row, b * q_row, b * kv_row, b * kv_row, b * idx_row, b * q_row};
+  std::vector<uint64_t> offsets;
+  uint64_t at = 0;
+  for (size_t bytes : sizes) {
+    offsets.push_back(at);
+    at += (bytes + 255) / 256 * 256;
+  }
+  absl::StatusOr<std::unique_ptr<client::SharedMemoryRegion>> region =
+      client::SharedMemoryRegion::Create(at);
+  if (!region.ok()) return region.status();
+  w->region_name = absl::StrCat("loadgen-", getpid(), "-", w->index);
+  if (absl::Status s = client::RegisterSystemRegion(*w->client, w->region_name, **region); !s.ok())
+    return s;
+  w->region = *std::move(region);
+  client::LayerBatch& l = w->layer;
+  client::RegionSlice* slices[] = {&l.q, &l.gate, &l.k, &l.v, &l.indices, &l.out};
+  for (size_t i = 0; i < 6; ++i) *slices[i] = {w->region_name, offsets[i], 0};
+  l.topk = config_.topk;
+  l.per_kv_head_indices = config_.per_head_indices;
+  return absl::OkStatus();
+}
+
+void Runner::ExecuteShm(Worker* w, Clock::time_point intended, const client::CallOptions& call) {
+  if (w->region == nullptr) {
+    if (absl::Status s = SetUpRegion(w); !s.ok()) {
+      w->call_end = Clock::now();
+      return RecordError(w, intended, s, std::ssize(w->inputs));
+    }
+  }
+  // Items whose cursors are at another layer (an earlier failure held them back) go in a
+  // call of their own: a DecodeLayer call is one layer.
+  std::vector<int32_t> layers;
+  for (const client::DecodeInput& in : w->inputs) {
+    if (std::find(layers.begin(), layers.end(), in.layer) == layers.end())
+      layers.push_back(in.layer);
+  }
+  bool first = true;
+  client::LayerBatch& l = w->layer;
+  char* base = w->region->data();
+  for (int32_t layer : layers) {
+    std::vector<size_t> items;
+    for (size_t i = 0; i < w->inputs.size(); ++i)
+      if (w->inputs[i].layer == layer) items.push_back(i);
+    l.layer = layer;
+    l.sequence_ids.clear();
+    l.positions.clear();
+    const size_t n = items.size();
+    size_t row = 0;
+    for (size_t i : items) {
+      const client::DecodeInput& in = w->inputs[i];
+      l.sequence_ids.push_back(in.sequence_id);
+      l.positions.push_back(in.position);
+      const auto put = [&](const client::RegionSlice& s, const void* src, size_t bytes) {
+        std::memcpy(base + s.offset + row * bytes, src, bytes);
+      };
+      put(l.q, in.q.data(), in.q.size() * 2);
+      put(l.gate, in.gate.data(), in.gate.size() * 2);
+      put(l.k, in.k.data(), in.k.size() * 2);
+      put(l.v, in.v.data(), in.v.size() * 2);
+      put(l.indices, in.indices.data(), in.indices.size() * 4);
+      ++row;
+    }
+    const client::DecodeInput& one = w->inputs[items[0]];
+    l.q.bytes = l.gate.bytes = l.out.bytes = n * one.q.size() * 2;
+    l.k.bytes = l.v.bytes = n * one.k.size() * 2;
+    l.indices.bytes = n * one.indices.size() * 4;
+    absl::StatusOr<client::LayerResult> r = client::DecodeLayer(*w->client, l, call);
+    w->call_end = Clock::now();
+    if (!r.ok()) {
+      RecordError(w, intended, r.status(), static_cast<int64_t>(n));
+      continue;
+    }
+    for (size_t j = 0; j < n; ++j) {
+      if (!r->items[j].ok()) {
+        RecordError(w, intended, r->items[j]);
+        continue;
+      }
+      RecordSuccess(w, intended, r->batch, first);
+      first = false;
+      workload_.Advance(&w->cursors[items[j]]);
+    }
+  }
 }
 
 }  // namespace sds::loadgen

@@ -68,6 +68,10 @@ class Runner {
   void Scheduler();
   bool NextTicket(Clock::time_point* intended);
   void Execute(Worker* w, Clock::time_point intended);
+  // --transport=shm: the worker's batch as DecodeLayer calls (one per layer its items
+  // are at) with the tensors copied into its shared-memory region first.
+  void ExecuteShm(Worker* w, Clock::time_point intended, const client::CallOptions& call);
+  absl::Status SetUpRegion(Worker* w);
   // A stream call on the worker's thread (--stream_api=sync).
   absl::StatusOr<client::DecodeOutput> StreamCall(Worker* w);
   bool StreamsOnCallbacks() const {

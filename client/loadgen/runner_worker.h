@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "client/loadgen/runner.h"
+#include "client/shared_memory.h"
 
 namespace sds::loadgen {
 
@@ -20,6 +21,11 @@ struct Runner::Worker {
   std::vector<int> seqs;
   std::vector<Cursor> cursors;
   std::vector<client::DecodeInput> inputs;
+  // --transport=shm: the worker's region (its batch's tensors, registered on the first
+  // call under region_name) and the packed call over it.
+  std::unique_ptr<client::SharedMemoryRegion> region;
+  std::string region_name;
+  client::LayerBatch layer;
   std::mt19937_64 rng;
   WorkerStats stats;
   int consecutive_errors = 0;

@@ -314,11 +314,15 @@ class LoadgenTest(unittest.TestCase):
         server = ServerProcess(
             [ARGS.decode_server, "--backend=cpu", "--page_size=16", "--cache_pages=4096",
              "--max_batch_size=16", "--max_queue_delay_us=200", "--cpu_threads=1",
+             "--allow_client_shm",
              f"--metrics_listen=127.0.0.1:{free_port()}"] + SHAPE, listening, name="decode_server")
         self.addCleanup(server.stop)
         for mode, flags, batch in [("stream", ["--concurrency=4", "--stream_api=sync"], 1),
                                    ("stream", ["--concurrency=4", "--stream_api=callback"], 1),
-                                   ("batch", ["--concurrency=1", "--batch_size=8"], 8)]:
+                                   ("batch", ["--concurrency=1", "--batch_size=8"], 8),
+                                   # DecodeLayer over a shared-memory region per worker
+                                   ("batch", ["--concurrency=2", "--batch_size=8",
+                                              "--transport=shm"], 8)]:
             with self.subTest(mode=mode, flags=flags):
                 proc, s = self.run_loadgen(server.address, f"--mode={mode}", "--duration_s=1.5",
                                            *flags)
@@ -326,6 +330,10 @@ class LoadgenTest(unittest.TestCase):
                 self.check_sane(s, mode, batch)
                 self.assertEqual(s["backend"], "cpu")
                 self.assertGreater(s["server_compute_us"]["max"], 0)
+        # Every worker's region was unregistered at the end.
+        from sparse_decode_client import DecodeClient
+        with DecodeClient(server.address, timeout=10) as c:
+            self.assertEqual(c.list_regions(), [])
 
 
 def main():
