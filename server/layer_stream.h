@@ -28,7 +28,8 @@ class LayerStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
   using RunCall = std::function<void(
       const std::string& tenant, const sparse_decode::v1::DecodeLayerRequest* request,
       sparse_decode::v1::DecodeLayerResponse* response, Clock::time_point deadline,
-      const std::function<bool()>& cancelled, std::function<void(const absl::Status&)> done)>;
+      const std::function<bool()>& cancelled,
+      const std::function<void(const absl::Status&)>& done)>;
   struct Env {
     Metrics* metrics = nullptr;
     const std::atomic<bool>* draining = nullptr;

@@ -167,7 +167,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::
   env.run = [this](const std::string& tenant, const v1::DecodeLayerRequest* request,
                    v1::DecodeLayerResponse* response, Clock::time_point deadline,
                    const std::function<bool()>& cancelled,
-                   std::function<void(const absl::Status&)> done) {
+                   const std::function<void(const absl::Status&)>& done) {
     RunLayerCall(tenant, request, response, deadline, cancelled, done);
   };
   return new LayerStreamReactor(context, std::move(env), Admit(*context));

@@ -18,7 +18,8 @@ on CUDA, the kernel's wall time on the CPU) and its kernel-only rate B / compute
 the ratios: rate / echo rate, rate / kernel-only rate, p50 / (compute + echo p50).
 With --metrics, where a call's time goes: the server's mean latency per call (admission,
 queue and run; the rest of p50 is gRPC and the client), the executor's mean time per
-batch (cache bookkeeping, the run and the answers) and batches per call.
+batch (cache bookkeeping, the run and the answers), the last batch's queue wait
+(BatchInfo.queue_us: from the item's enqueue to its batch's start) and batches per call.
 Writes the table and a JSON file; exits 1 when a case made no call, a call failed or an
 item came back with an error.
 """
@@ -188,13 +189,15 @@ def main():
         if any(c != 0 for c in resp.error_codes):
             i = next(i for i, c in enumerate(resp.error_codes) if c != 0)
             raise RuntimeError(f"item {i}: {resp.error_messages[i]}")
-        return resp.batch.compute_us
+        return resp.batch.compute_us, resp.batch.queue_us
 
     def check_batch(resp):
         for r in resp.responses:
             if r.error_code != 0:
                 raise RuntimeError(r.error_message)
-        return resp.responses[-1].batch.compute_us if resp.responses else None
+        if not resp.responses:
+            return None
+        return resp.responses[-1].batch.compute_us, resp.responses[-1].batch.queue_us
 
     rows, failed = [], False
     for transport in transports:
@@ -228,6 +231,8 @@ def main():
                     continue
                 rate = len(lat) * b / wall
                 erate = len(elat) * b / ewall
+                queue_us = float(np.median([c[1] for c in comp])) if comp else float("nan")
+                comp = [c[0] for c in comp]
                 compute_us = float(np.median(comp)) if comp else float("nan")
                 kernel_rate = b / (compute_us * 1e-6) if comp and compute_us > 0 else float("nan")
                 p50, ep50 = percentile(lat, 50), percentile(elat, 50)
@@ -237,6 +242,7 @@ def main():
                 exec_s, n_batches = mean_delta(before, after, "sds_batch_total_seconds")
                 rows.append(dict(
                     server_call_ms=server_s * 1e3, executor_us_per_batch=exec_s * 1e6,
+                    queue_us=queue_us,
                     batches_per_call=n_batches / len(lat) if lat else float("nan"),
                     transport=transport, batch=b, in_flight=f, message_bytes=message_bytes,
                     calls=len(lat), p50_ms=p50 * 1e3, p99_ms=percentile(lat, 99) * 1e3,
@@ -248,7 +254,7 @@ def main():
         r[0].close()
     hdr = ("transport", "B", "fl", "msg KB", "calls", "p50 ms", "p99 ms", "tok-layers/s",
            "echo p50", "echo rate", "compute us", "kernel rate", "/echo", "/kernel", "p50/ceil",
-           "server ms", "exec us", "batches")
+           "server ms", "queue us", "exec us", "batches")
     print(" | ".join(hdr))
     for r in rows:
         print(" | ".join([r["transport"], str(r["batch"]), str(r["in_flight"]),
@@ -258,6 +264,7 @@ def main():
                           f"{r['compute_us']:.0f}", f"{r['kernel_token_layers_per_s']:.0f}",
                           f"{r['rate_vs_echo']:.2f}", f"{r['rate_vs_kernel']:.2f}",
                           f"{r['p50_vs_ceiling']:.2f}", f"{r['server_call_ms']:.3f}",
+                          f"{r['queue_us']:.0f}",
                           f"{r['executor_us_per_batch']:.0f}", f"{r['batches_per_call']:.2f}"]))
     by = {(r["transport"], r["batch"], r["in_flight"]): r for r in rows}
     for (t, b, f), r in sorted(by.items()):

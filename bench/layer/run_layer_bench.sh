@@ -7,7 +7,8 @@
 # found too). Environment: BACKEND (cpu | cuda), SHAPE (small: 8/2 heads, D 64, top-K 64;
 # seed: 32/8, D 128, top-K 512), TRANSPORTS (bytes,shm; add cuda on a GPU), BATCHES
 # (1,8,64,256), IN_FLIGHT (1,4), SECONDS_PER_CASE (3), CPU_THREADS (0 = all),
-# SERVER_FLAGS (more decode_server flags), TAG (names the output files), PYTHON (python3).
+# SERVER_FLAGS (decode_server flags beyond the end-to-end bench's for BACKEND:
+# e2e_default_flags in bench/e2e/e2e_setup.sh), TAG (names the output files), PYTHON (python3).
 # The Python client must be importable (PYTHONPATH). Exits non-zero when a server does
 # not start or dies, or when layer_bench.py reports a missing or failed case.
 set -euo pipefail
@@ -25,13 +26,14 @@ find_bin() {
 }
 server=$(find_bin decode_server)
 echo_bin=$(find_bin echo_server)
+# The shapes and the server flags each backend is benchmarked with, as the end-to-end
+# bench has them.
+source "$here/../e2e/e2e_setup.sh"
 BACKEND=${BACKEND:-cpu}
 SHAPE=${SHAPE:-small}
-case $SHAPE in
-  small) HQ=8 HKV=2 D=64 TOPK=64 CACHE=$((1 << 30)) ;;
-  seed) HQ=32 HKV=8 D=128 TOPK=512 CACHE=$((8 << 30)) ;;
-  *) echo "run_layer_bench: SHAPE is small or seed" >&2; exit 2 ;;
-esac
+e2e_shape "$SHAPE" || exit 2
+CACHE=$((1 << 30))
+if [[ $SHAPE == seed ]]; then CACHE=$((8 << 30)); fi
 PY=${PYTHON:-python3}
 port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 shape=(--num_layers=1 --num_q_heads=$HQ --num_kv_heads=$HKV --head_dim=$D)
@@ -43,8 +45,8 @@ metrics_port=$(port)
 echo_pid=$!
 "$server" --listen=127.0.0.1:$server_port --metrics_listen=127.0.0.1:$metrics_port --backend="$BACKEND" "${shape[@]}" \
   --page_size=64 --cache_bytes=$CACHE --max_batch_size=256 --max_topk=$TOPK \
-  --max_queue_delay_us=200 --eager_batching --cpu_threads="${CPU_THREADS:-0}" \
-  --allow_client_shm ${SERVER_FLAGS:-} >"$out/decode_server.log" 2>&1 &
+  --max_queue_delay_us=200 --cpu_threads="${CPU_THREADS:-0}" --allow_client_shm \
+  $(e2e_default_flags "$BACKEND") ${SERVER_FLAGS:-} >"$out/decode_server.log" 2>&1 &
 server_pid=$!
 trap 'kill $echo_pid $server_pid 2>/dev/null || true' EXIT
 for i in $(seq 1 300); do
