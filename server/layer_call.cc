@@ -310,13 +310,14 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
 
 AnswerWriter LayerCall::Writer(int32_t b) {
   return [this, b](const uint16_t* out, const float* lse) -> absl::Status {
-    // Inputs read from a region unregistered since may not be what the caller sent.
+    // Inputs read from a region unregistered since may not be what the caller sent: the
+    // answer is not delivered and the token not committed.
     for (const std::shared_ptr<Region>& region : regions_) {
       if (region->revoked()) {
         return absl::FailedPreconditionError(
             absl::StrCat("region '", region->name(),
-                         "' was unregistered while the request was queued or "
-                         "running; nothing was written or stored"));
+                         "' was unregistered while the request ran; its answer is not valid "
+                         "and nothing was stored"));
       }
     }
     const size_t out_row = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
