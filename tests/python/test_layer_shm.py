@@ -253,6 +253,27 @@ class LayerCase(unittest.TestCase):
         finally:
             region.close()
 
+    def test_layer_stream_helper_keeps_micro_batches_in_flight(self):
+        """LayerStream (the Python helper): two micro-batches of one layer step sent before
+        either is read back, each answered with the bits the bytes path gives."""
+        a, b = self.forked("helper")
+        x = self.batch_inputs(per_head=True)
+        want = self.bytes_path(a, 1, x)
+        region, views = self.poisoned_region("helper", x)
+        halves = [slice(0, self.B // 2), slice(self.B // 2, self.B)]
+        try:
+            with self.client.layer_stream() as stream:
+                ids = [stream.send(1, b[h], [PREFILL] * len(b[h]), views["q"][h],
+                                   views["gate"][h], views["k"][h], views["v"][h],
+                                   views["indices"][h], out=views["out"][h]) for h in halves]
+                results = [stream.result(i) for i in reversed(ids)]
+            self.assertTrue(all(r.ok for r in results))
+            out = self.host(views["out"])
+            for i in range(self.B):
+                np.testing.assert_array_equal(out[i], want[i].out_bits, f"item {i}")
+        finally:
+            region.close()
+
     def test_each_item_fails_alone(self):
         seqs = [f"{self.id()}-{i}" for i in range(self.B)]
         for s in seqs:

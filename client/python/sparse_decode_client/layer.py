@@ -112,7 +112,21 @@ class LayerCalls:
         Returns LayerResult. Raises DecodeError for a bad call, and for the first failed
         item unless raise_on_error=False (then see LayerResult.errors).
         """
-        from .client import DecodeError
+        req, ctx = self._layer_request(layer, sequence_ids, positions, q, gate, k, v, indices,
+                                       topk, out, lse, return_lse, request_id)
+        resp = self._call(self._stub.DecodeLayer, req, timeout)
+        return self._layer_result(resp, ctx, raise_on_error)
+
+    def layer_stream(self, timeout=None):
+        """Opens a DecodeLayerStream: send() takes decode_layer's arguments and returns a
+        request_id at once, result(request_id) gives that message's LayerResult, so that
+        several layer steps (micro-batches) are in flight on one stream."""
+        from .stream import LayerStream
+        return LayerStream(self, timeout)
+
+    def _layer_request(self, layer, sequence_ids, positions, q, gate, k, v, indices, topk, out,
+                       lse, return_lse, request_id):
+        """The DecodeLayerRequest of decode_layer's arguments, and what its answer needs."""
         hq, hkv, d = self.shape
         b = len(sequence_ids)
         if len(positions) != b:
@@ -150,7 +164,17 @@ class LayerCalls:
         if any_cuda:
             import torch
             torch.cuda.current_stream().synchronize()  # the server reads on its own stream
-        resp = self._call(self._stub.DecodeLayer, req, timeout)
+        ctx = dict(b=b, shape=(hq, d), sequence_ids=list(sequence_ids), out=out,
+                   out_by_ref=out_by_ref, lse=lse, lse_by_ref=lse_by_ref, like=q,
+                   return_lse=req.return_lse)
+        return req, ctx
+
+    def _layer_result(self, resp, ctx, raise_on_error):
+        """LayerResult of a DecodeLayerResponse (see decode_layer)."""
+        from .client import DecodeError
+        if resp.error_code != 0:  # a stream message refused whole
+            raise DecodeError.from_int(resp.error_code, resp.error_message)
+        b, (hq, d) = ctx["b"], ctx["shape"]
         if len(resp.error_codes) != b:
             raise DecodeError.from_int(13, f"the server answered {len(resp.error_codes)} "
                                            f"items for {b}")
@@ -159,12 +183,13 @@ class LayerCalls:
         if raise_on_error:
             for i, e in enumerate(errors):
                 if e is not None:
-                    raise DecodeError(e.code, f"item {i} ({sequence_ids[i]}): {e.message}")
-        out = self._deliver(out, out_by_ref, resp.out, "<u2", (b, hq, d), q)
-        if req.return_lse:
-            lse = self._deliver(lse, lse_by_ref, resp.lse, "<f4", (b, hq), None)
+                    raise DecodeError(e.code, f"item {i} ({ctx['sequence_ids'][i]}): {e.message}")
+        out = self._deliver(ctx["out"], ctx["out_by_ref"], resp.out, "<u2", (b, hq, d), ctx["like"])
+        lse = None
+        if ctx["return_lse"]:
+            lse = self._deliver(ctx["lse"], ctx["lse_by_ref"], resp.lse, "<f4", (b, hq), None)
         bi = resp.batch
-        return LayerResult(out, lse if req.return_lse else None, errors,
+        return LayerResult(out, lse, errors,
                            dict(batch_id=bi.batch_id, batch_size=bi.batch_size,
                                 queue_us=bi.queue_us, compute_us=bi.compute_us))
 
@@ -190,3 +215,4 @@ class LayerCalls:
             src = src.view(torch.bfloat16)
         dest.copy_(src.to(dest.device))
         return dest
+

@@ -1,4 +1,5 @@
-"""DecodeStream: one bidirectional stream kept open across a model's layer loop."""
+"""DecodeStream and LayerStream: one bidirectional stream kept open across a model's layer
+loop, answers matched to requests by request_id."""
 import queue
 import threading
 
@@ -10,23 +11,19 @@ from .client import DecodeError, _parse_response
 _CLOSE = object()
 
 
-class DecodeStream:
-    """Send requests (per layer), get each result by request_id.
+class ResponseStream:
+    """A bidirectional call whose answers are matched to requests by request_id: queued
+    requests go out in order, a reader thread files the answers. `method` is the stub's
+    streaming method (DecodeStream, DecodeLayerStream)."""
 
-        with client.stream() as s:
-            for layer in range(L):
-                res = s.call(seq, layer, pos, q, k, v, gate, idx)
-    """
-
-    def __init__(self, client, timeout=None):
+    def __init__(self, client, method, timeout=None):
         self._client = client
         self._outbox = queue.Queue()
         self._results = {}
         self._cv = threading.Condition()
         self._error = None
         self._done = False
-        self._call = client._stub.DecodeStream(self._requests(), timeout=timeout,
-                                               metadata=client._metadata)
+        self._call = method(self._requests(), timeout=timeout, metadata=client._metadata)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -52,35 +49,27 @@ class DecodeStream:
                 self._done = True
                 self._cv.notify_all()
 
-    def send(self, sequence_id, layer, position, q, k, v, gate, indices, return_lse=False,
-             request_id=0):
-        """Queues one request; returns its request_id (assigned when 0)."""
+    def _put(self, request):
+        """Queues `request` (its request_id set); raises when the stream has ended."""
         with self._cv:
             if self._done:
                 raise self._error or DecodeError(grpc.StatusCode.FAILED_PRECONDITION,
                                                  "stream closed")
-        rid = request_id or self._client.next_request_id()
-        self._outbox.put(self._client.make_request(sequence_id, layer, position, q, k, v, gate,
-                                                   indices, return_lse, rid))
-        return rid
+        self._outbox.put(request)
 
-    def result(self, request_id, timeout=None):
-        """Waits for the response to request_id; raises DecodeError on failure."""
+    def _answer(self, request_id, timeout=None):
+        """Waits for the raw response to request_id; raises DecodeError when none comes."""
         timeout = timeout if timeout is not None else self._client.timeout
         with self._cv:
             ok = self._cv.wait_for(lambda: request_id in self._results or self._done, timeout)
             if request_id in self._results:
-                res = _parse_response(self._results.pop(request_id))
-            elif not ok:
+                return self._results.pop(request_id)
+            if not ok:
                 raise DecodeError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                   f"no response to request {request_id} within {timeout} s")
-            else:
-                raise self._error or DecodeError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"stream ended without a response to request {request_id}")
-        if isinstance(res, DecodeError):
-            raise res
-        return res
+            raise self._error or DecodeError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"stream ended without a response to request {request_id}")
 
     def call(self, *args, timeout=None, **kwargs):
         return self.result(self.send(*args, **kwargs), timeout)
@@ -97,3 +86,60 @@ class DecodeStream:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class DecodeStream(ResponseStream):
+    """Send requests (per layer), get each result by request_id.
+
+        with client.stream() as s:
+            for layer in range(L):
+                res = s.call(seq, layer, pos, q, k, v, gate, idx)
+    """
+
+    def __init__(self, client, timeout=None):
+        super().__init__(client, client._stub.DecodeStream, timeout)
+
+    def send(self, sequence_id, layer, position, q, k, v, gate, indices, return_lse=False,
+             request_id=0):
+        """Queues one request; returns its request_id (assigned when 0)."""
+        rid = request_id or self._client.next_request_id()
+        self._put(self._client.make_request(sequence_id, layer, position, q, k, v, gate,
+                                            indices, return_lse, rid))
+        return rid
+
+    def result(self, request_id, timeout=None):
+        """Waits for the response to request_id; raises DecodeError on failure."""
+        res = _parse_response(self._answer(request_id, timeout))
+        if isinstance(res, DecodeError):
+            raise res
+        return res
+
+
+class LayerStream(ResponseStream):
+    """DecodeLayerStream: layer messages in flight on one stream, answered by request_id.
+
+        with client.layer_stream() as s:
+            ids = [s.send(layer, seqs, positions, q[m], gate[m], k[m], v[m], idx[m], out=out[m])
+                   for m in range(micro_batches)]
+            results = [s.result(i) for i in ids]
+    """
+
+    def __init__(self, client, timeout=None):
+        super().__init__(client, client._stub.DecodeLayerStream, timeout)
+        self._contexts = {}
+
+    def send(self, layer, sequence_ids, positions, q, gate, k, v, indices, topk=None, out=None,
+             lse=None, return_lse=False, request_id=None, raise_on_error=True):
+        """Queues one layer message (decode_layer's arguments); returns its request_id."""
+        req, ctx = self._client._layer_request(layer, sequence_ids, positions, q, gate, k, v,
+                                               indices, topk, out, lse, return_lse, request_id)
+        ctx["raise_on_error"] = raise_on_error
+        self._contexts[req.request_id] = ctx
+        self._put(req)
+        return req.request_id
+
+    def result(self, request_id, timeout=None):
+        """The LayerResult of message request_id (raises as decode_layer does)."""
+        ctx = self._contexts.pop(request_id)
+        resp = self._answer(request_id, timeout)
+        return self._client._layer_result(resp, ctx, ctx["raise_on_error"])
