@@ -152,6 +152,12 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
       status[i] = absl::InternalError("decode work item without an answer slot");
       continue;
     }
+    if (staging.fill_failed(i)) {  // checked before any row moves
+      status[i] = absl::FailedPreconditionError(
+          "the request's tensors could not be read: its shared-memory object was shrunk under "
+          "its region (nothing was stored)");
+      continue;
+    }
     status[i] = CheckStillWanted(start, items[i].deadline, items[i].cancelled);
     if (!status[i].ok()) continue;
     if (items[i].before_run) {

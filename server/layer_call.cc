@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/sigbus_guard.h"
 
 namespace sds::server {
 namespace {
@@ -323,16 +324,26 @@ AnswerWriter LayerCall::Writer(int32_t b) {
     const size_t out_row = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
     const size_t lse_row = static_cast<size_t>(model_.num_q_heads) * 4;
     if (out_ == nullptr) return absl::OkStatus();  // answered on the device (pinned)
+    // A region's pages may be gone (its object shrunk by its owner): sigbus_guard.h.
+    const absl::Status gone = absl::FailedPreconditionError(
+        "the answer could not be written: the shared-memory object was shrunk under its "
+        "region (nothing was stored)");
+    bool lse_written = true;
     auto write_lse = [&] {
-      if (lse_ != nullptr && lse != nullptr) std::memcpy(lse_ + b * lse_row, lse, lse_row);
+      if (lse_ != nullptr && lse != nullptr) {
+        lse_written = RunGuarded([&] { std::memcpy(lse_ + b * lse_row, lse, lse_row); });
+      }
     };
     auto write = [&] {
-      std::memcpy(out_ + b * out_row, out, out_row);
+      if (!RunGuarded([&] { std::memcpy(out_ + b * out_row, out, out_row); })) return gone;
+      absl::Status s;
       if (lse_region_ != nullptr && lse_region_ != out_region_) {
-        return lse_region_->WriteIfLive(write_lse);
+        s = lse_region_->WriteIfLive(write_lse);
+      } else {
+        write_lse();
       }
-      write_lse();
-      return absl::OkStatus();
+      if (s.ok() && !lse_written) return gone;
+      return s;
     };
     if (out_region_ == nullptr) return write();
     absl::Status inner;

@@ -35,6 +35,7 @@
 #include "server/options.h"
 #include "server/self_test.h"
 #include "server/service.h"
+#include "server/sigbus_guard.h"
 #include "server/staging.h"
 #include "spdlog/spdlog.h"
 
@@ -335,5 +336,7 @@ int main(int argc, char** argv) {
   // and before the server allocates its buffers. Refused under AddressSanitizer.
   if (!sds::KeepFreedHeapMemory())
     spdlog::warn("mallopt refused the heap settings of server/heap_tuning.h");
+  // Client shared memory may lose its pages under the server (sigbus_guard.h).
+  if (options->allow_client_shm) sds::server::InstallSigbusGuard();
   return sds::server::Run(*options, std::chrono::milliseconds(drain_linger_ms));
 }

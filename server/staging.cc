@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/sigbus_guard.h"
 #include "server/validate.h"
 
 namespace sds::server {
@@ -67,6 +68,7 @@ absl::StatusOr<std::unique_ptr<StagingBuffer>> StagingBuffer::Create(Backend* ba
     buf->lse_ = c.Take<float>(b * model.num_q_heads);
     buf->device_rows_ = c.Take<DeviceRowSource>(b);
     buf->row_error_ = c.Take<uint8_t>(b);
+    buf->fill_failed_ = c.Take<uint8_t>(b);
   };
   Carver sizing(nullptr);
   carve(sizing);
@@ -119,11 +121,17 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
   // Validated sizes: q and gate [Hq, D], k and v [Hkv, D], indices K or Hkv * K int32.
   // A row on the device copies nothing here: the backend gathers it (device_rows_).
   device_rows_[row] = bytes.device != nullptr ? *bytes.device : DeviceRowSource{};
+  fill_failed_[row] = 0;
   if (bytes.device == nullptr) {
-    bytes.q.CopyTo(q_ + row * q_row);
-    bytes.gate.CopyTo(gate_ + row * q_row);
-    bytes.k.CopyTo(k_new_ + row * kv_row);
-    bytes.v.CopyTo(v_new_ + row * kv_row);
+    // Views into a client's shared memory may have lost their pages (sigbus_guard.h).
+    const bool copied = RunGuarded([&] {
+      bytes.q.CopyTo(q_ + row * q_row);
+      bytes.gate.CopyTo(gate_ + row * q_row);
+      bytes.k.CopyTo(k_new_ + row * kv_row);
+      bytes.v.CopyTo(v_new_ + row * kv_row);
+      bytes.indices.CopyTo(indices_ + index_offset_[row]);  // placed by PlanIndices
+    });
+    fill_failed_[row] = copied ? 0 : 1;
   }
   const sparse_decode::v1::Tensor& indices = request.indices();
   const bool per_head = IndicesPerKvHead(indices);
@@ -132,7 +140,6 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
   append_layer_[row] = request.layer();
   topk_[row] = k;
   indices_per_kv_head_[row] = per_head ? 1 : 0;
-  if (bytes.device == nullptr) bytes.indices.CopyTo(indices_ + index_offset_[row]);  // PlanIndices
 }
 
 void StagingBuffer::MoveRow(int32_t dst, int32_t src) {

@@ -57,6 +57,9 @@ class StagingBuffer {
 
   const uint16_t* out_row(int32_t row) const;  // [Hq, D] bf16
   const float* lse_row(int32_t row) const;     // [Hq]
+  // True when FillRow could not read row `row`'s tensors (their shared memory lost its
+  // pages): the row must not run. Valid until the rows are moved.
+  bool fill_failed(int32_t row) const { return fill_failed_[row] != 0; }
   // The backend's verdict on row `row`'s device tensors after Run (DecodeBatch::row_error).
   uint8_t row_error(int32_t row) const { return row_error_[row]; }
   // Whether row `row` had its tensors on the device, answered there when its source has
@@ -101,6 +104,7 @@ class StagingBuffer {
   float* lse_ = nullptr;
   DeviceRowSource* device_rows_ = nullptr;  // [max_batch]: q == nullptr for a host row
   uint8_t* row_error_ = nullptr;            // [max_batch]
+  uint8_t* fill_failed_ = nullptr;          // [max_batch], set by FillRow
   // Separately allocated, grows on demand.
   int32_t* page_table_ = nullptr;
   int64_t page_table_capacity_ = 0;

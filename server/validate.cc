@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "server/sigbus_guard.h"
 
 namespace sds::server {
 namespace {
@@ -19,6 +20,14 @@ namespace {
 namespace v1 = sparse_decode::v1;
 
 absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+// A tensor in shared memory whose pages are gone (sigbus_guard.h).
+absl::Status Unreadable(const char* name) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      name,
+      ": its bytes cannot be read: the shared-memory object was shrunk under its region "
+      "(nothing was stored)"));
+}
 
 std::string ShapeText(const v1::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
@@ -71,21 +80,29 @@ absl::Status CheckBf16(const char* name, const v1::Tensor& t, const TensorBytes&
   }
   if (absl::Status s = CheckBytes(name, t, data, elements, 2); !s.ok()) return s;
   bool finite = true;
-  data.ForEachElementRun(
-      2, [&](const char* run, int64_t count, int64_t) { finite &= AllFiniteBf16(run, count); });
+  if (!RunGuarded([&] {
+        data.ForEachElementRun(2, [&](const char* run, int64_t count, int64_t) {
+          finite &= AllFiniteBf16(run, count);
+        });
+      })) {
+    return Unreadable(name);
+  }
   if (finite) return absl::OkStatus();
   int64_t bad = -1;  // the rare bad request: find the first bad element
   uint16_t bad_bits = 0;
-  data.ForEachElementRun(2, [&](const char* run, int64_t count, int64_t first) {
-    for (int64_t i = 0; i < count && bad < 0; ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, run + 2 * i, 2);
-      if ((bits & 0x7F80) == 0x7F80) {
-        bad = first + i;
-        bad_bits = bits;
+  const bool readable = RunGuarded([&] {
+    data.ForEachElementRun(2, [&](const char* run, int64_t count, int64_t first) {
+      for (int64_t i = 0; i < count && bad < 0; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, run + 2 * i, 2);
+        if ((bits & 0x7F80) == 0x7F80) {
+          bad = first + i;
+          bad_bits = bits;
+        }
       }
-    }
+    });
   });
+  if (!readable) return Unreadable(name);
   if (bad < 0) return absl::InternalError(absl::StrCat(name, ": finiteness checks disagree"));
   return Bad(absl::StrCat(name, ": element ", bad, " is ", (bad_bits & 0x007F) ? "NaN" : "Inf",
                           "; inputs must be finite (nothing was stored)"));
@@ -118,16 +135,19 @@ absl::Status CheckIndices(const v1::Tensor& t, const TensorBytes& data, int64_t 
   if (absl::Status s = CheckBytes("indices", t, data, count, 4); !s.ok()) return s;
   int64_t bad = -1;
   int32_t bad_index = 0;
-  data.ForEachElementRun(4, [&](const char* run, int64_t n, int64_t first) {
-    for (int64_t i = 0; i < n && bad < 0; ++i) {
-      int32_t index;
-      std::memcpy(&index, run + 4 * i, 4);
-      if (index != -1 && (index < 0 || index > position)) {
-        bad = first + i;
-        bad_index = index;
+  const bool readable = RunGuarded([&] {
+    data.ForEachElementRun(4, [&](const char* run, int64_t n, int64_t first) {
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        int32_t index;
+        std::memcpy(&index, run + 4 * i, 4);
+        if (index != -1 && (index < 0 || index > position)) {
+          bad = first + i;
+          bad_index = index;
+        }
       }
-    }
+    });
   });
+  if (!readable) return Unreadable("indices");
   if (bad < 0) return absl::OkStatus();
   return Bad(absl::StrCat("indices: element ", bad, " is ", bad_index,
                           "; each index must be -1 (skip) or a token position in [0, ", position,

@@ -8,6 +8,7 @@ nothing; an unregistered region is never written; regions are per tenant, counte
     python3 test_layer_shm.py --server build/server/decode_server
 """
 import argparse
+import os
 import subprocess
 import sys
 import textwrap
@@ -471,6 +472,36 @@ class BadReferences(unittest.TestCase):
         self.assert_nothing_happened(v)
         region._open = False  # unregistered above
         region._free()
+
+    def test_shrunk_object_fails_the_call_not_the_server(self):
+        """A runner that truncates its shm object under a registered region: the server's
+        reads (admission) and writes (answers) of the lost pages fail the items with
+        FAILED_PRECONDITION instead of killing it with SIGBUS; nothing is stored."""
+        inputs, v = self.make("shrink-in")
+        outputs = self.client.register_system_region("shrink-out", 1 << 20)
+        try:
+            out = outputs.numpy((self.B, self.HQ, self.D), np.uint16)
+            req = self.request(inputs, v)
+            req.out.ref.CopyFrom(outputs.ref(out.ctypes.data, out.nbytes))
+            # The outputs' object shrinks: every answer fails, nothing is committed.
+            os.ftruncate(outputs._shm._fd, 0)
+            answer = self.client._stub.DecodeLayer(req, metadata=self.client._metadata,
+                                                   timeout=30)
+            self.assertEqual(list(answer.error_codes),
+                             [grpc.StatusCode.FAILED_PRECONDITION.value[0]] * self.B)
+            self.assertIn("shrunk", answer.error_messages[0])
+            self.assert_nothing_happened(v)
+            # The inputs' object shrinks: admission cannot read them.
+            os.ftruncate(inputs._shm._fd, 0)
+            answer = self.client._stub.DecodeLayer(self.request(inputs, v),
+                                                   metadata=self.client._metadata, timeout=30)
+            self.assertEqual(list(answer.error_codes),
+                             [grpc.StatusCode.FAILED_PRECONDITION.value[0]] * self.B)
+            self.assertIn("shrunk", answer.error_messages[0])
+            self.assertEqual(self.client.model_info().num_q_heads, self.HQ)  # still serving
+        finally:
+            inputs.close()
+            outputs.close()
 
     def test_metrics_count_regions_not_names(self):
         region = self.client.register_system_region("secret-name", 12345)
