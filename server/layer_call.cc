@@ -325,9 +325,11 @@ AnswerWriter LayerCall::Writer(int32_t b) {
     const size_t lse_row = static_cast<size_t>(model_.num_q_heads) * 4;
     if (out_ == nullptr) return absl::OkStatus();  // answered on the device (pinned)
     // A region's pages may be gone (its object shrunk by its owner): sigbus_guard.h.
-    const absl::Status gone = absl::FailedPreconditionError(
-        "the answer could not be written: the shared-memory object was shrunk under its "
-        "region (nothing was stored)");
+    auto gone = [] {
+      return absl::FailedPreconditionError(
+          "the answer could not be written: the shared-memory object was shrunk under its "
+          "region (nothing was stored)");
+    };
     bool lse_written = true;
     auto write_lse = [&] {
       if (lse_ != nullptr && lse != nullptr) {
@@ -335,14 +337,14 @@ AnswerWriter LayerCall::Writer(int32_t b) {
       }
     };
     auto write = [&] {
-      if (!RunGuarded([&] { std::memcpy(out_ + b * out_row, out, out_row); })) return gone;
+      if (!RunGuarded([&] { std::memcpy(out_ + b * out_row, out, out_row); })) return gone();
       absl::Status s;
       if (lse_region_ != nullptr && lse_region_ != out_region_) {
         s = lse_region_->WriteIfLive(write_lse);
       } else {
         write_lse();
       }
-      if (s.ok() && !lse_written) return gone;
+      if (s.ok() && !lse_written) return gone();
       return s;
     };
     if (out_region_ == nullptr) return write();
