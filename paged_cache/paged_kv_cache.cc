@@ -448,11 +448,13 @@ absl::Status PagedKvCache::AppendPageTable(const std::string& id, std::vector<in
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> PagedKvCache::Length(const std::string& id, int32_t layer) const {
+absl::StatusOr<int64_t> PagedKvCache::Length(const std::string& id, int32_t layer,
+                                             uint64_t* incarnation) const {
   if (auto s = impl_->CheckLayer(layer); !s.ok()) return s;
   absl::MutexLock lock(&impl_->mu);
   absl::StatusOr<Sequence*> found = impl_->Find(id);
   if (!found.ok()) return found.status();
+  if (incarnation != nullptr) *incarnation = (*found)->incarnation;
   return (*found)->lengths[layer];
 }
 

@@ -81,7 +81,9 @@ class PagedKvCache {
   // sequence of the same id. NOT_FOUND.
   absl::StatusOr<uint64_t> Incarnation(const std::string& id) const;
   // Written length of `layer` (positions 0..length-1 hold data). NOT_FOUND, INVALID_ARGUMENT.
-  absl::StatusOr<int64_t> Length(const std::string& id, int32_t layer) const;
+  // `incarnation` (optional) receives the sequence's Incarnation from the same lookup.
+  absl::StatusOr<int64_t> Length(const std::string& id, int32_t layer,
+                                 uint64_t* incarnation = nullptr) const;
   bool Contains(const std::string& id) const;
 
   CacheStats Stats() const;

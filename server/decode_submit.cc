@@ -17,15 +17,11 @@ absl::Status DecodeAdmission::Admit(
   if (absl::Status s = ValidateDecode(*request, bytes, model_); !s.ok()) return s;
   std::string key = SequenceKey(tenant, request->sequence_id());
   const int32_t layer = request->layer();
-  if (absl::Status s =
-          pending_->CheckStart(*cache_, key, layer, request->position(), request->sequence_id());
+  uint64_t incarnation = 0;
+  if (absl::Status s = pending_->CheckStart(*cache_, key, layer, request->position(),
+                                            request->sequence_id(), &incarnation);
       !s.ok()) {
     return s;
-  }
-  absl::StatusOr<uint64_t> incarnation = cache_->Incarnation(key);
-  if (!incarnation.ok()) {  // released since CheckStart
-    return absl::NotFoundError(
-        absl::StrCat("sequence '", request->sequence_id(), "' not found (released)"));
   }
   if (Clock::now() > deadline) {
     return absl::DeadlineExceededError("deadline passed before the request was queued");
@@ -37,7 +33,7 @@ absl::Status DecodeAdmission::Admit(
   work->response = response;
   work->encoded = encoded;
   work->key = key;
-  work->incarnation = *incarnation;
+  work->incarnation = incarnation;
   work->deadline = deadline;
   work->cancelled = std::move(cancelled);
   work->done = [pending = pending_, key = std::move(key), layer,

@@ -5,8 +5,8 @@
 #include <initializer_list>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "server/sigbus_guard.h"
+#include "server/validate.h"
 
 namespace sds::server {
 namespace {
@@ -15,18 +15,15 @@ namespace v1 = sparse_decode::v1;
 
 absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(what); }
 
-std::string ShapeText(const v1::PackedTensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
-}
+using ::sds::server::ShapeText;  // the span form, beside this one
+std::string ShapeText(const v1::PackedTensor& t) { return ShapeText(t.shape()); }
 
 // `t` is `dtype` with exactly the dims `want` (named by `layout`, e.g. "[B, Hq, D]").
 absl::Status CheckShape(const char* name, const v1::PackedTensor& t, v1::DType dtype,
                         std::initializer_list<int64_t> want, const char* layout) {
   if (t.dtype() != dtype) {
     return Bad(absl::StrCat(name, ": dtype must be ", v1::DType_Name(dtype), ", got ",
-                            v1::DType_IsValid(t.dtype())
-                                ? v1::DType_Name(t.dtype())
-                                : absl::StrCat("unknown dtype value ", t.dtype())));
+                            DTypeText(t.dtype())));
   }
   if (!std::equal(t.shape().begin(), t.shape().end(), want.begin(), want.end())) {
     std::string hint;
@@ -35,8 +32,9 @@ absl::Status CheckShape(const char* name, const v1::PackedTensor& t, v1::DType d
           " (a [batch, heads, seq, head_dim] layout such as transformers' is not accepted: "
           "pass the one decode token's [batch, heads, head_dim])";
     }
-    return Bad(absl::StrCat(name, ": shape must be ", layout, " = [", absl::StrJoin(want, ", "),
-                            "], got ", ShapeText(t), hint));
+    return Bad(absl::StrCat(name, ": shape must be ", layout, " = ",
+                            ShapeText(absl::Span<const int64_t>(want.begin(), want.size())),
+                            ", got ", ShapeText(t), hint));
   }
   return absl::OkStatus();
 }

@@ -5,8 +5,8 @@
 namespace sds::server {
 
 absl::Status PendingWrites::CheckStart(const PagedKvCache& cache, const std::string& key,
-                                       int32_t layer, int64_t start,
-                                       const std::string& sequence_id) const {
+                                       int32_t layer, int64_t start, const std::string& sequence_id,
+                                       uint64_t* incarnation) const {
   // Pending first, then the length: a write that commits in between (commit happens
   // before its pending count is removed) can only make the bound larger, never smaller.
   int64_t queued = 0;
@@ -15,7 +15,7 @@ absl::Status PendingWrites::CheckStart(const PagedKvCache& cache, const std::str
     auto it = pending_.find(KeyRef(key, layer));
     if (it != pending_.end()) queued = it->second;
   }
-  absl::StatusOr<int64_t> length = cache.Length(key, layer);
+  absl::StatusOr<int64_t> length = cache.Length(key, layer, incarnation);
   if (length.status().code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(
         absl::StrCat("sequence '", sequence_id, "' not found; call CreateSequence first"));

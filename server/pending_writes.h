@@ -23,8 +23,11 @@ class PendingWrites {
  public:
   // NOT_FOUND for an unknown sequence; FAILED_PRECONDITION when `start` lies beyond
   // the layer's length plus its queued tokens. `sequence_id` is for the message.
+  // `incarnation` (optional) receives the sequence's PagedKvCache::Incarnation as seen
+  // by this check: the one that queued work is then bound to.
   absl::Status CheckStart(const PagedKvCache& cache, const std::string& key, int32_t layer,
-                          int64_t start, const std::string& sequence_id) const;
+                          int64_t start, const std::string& sequence_id,
+                          uint64_t* incarnation = nullptr) const;
   void Add(const std::string& key, int32_t layer, int64_t tokens);
   void Remove(const std::string& key, int32_t layer, int64_t tokens);
 

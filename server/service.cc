@@ -125,16 +125,12 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::AppendKV(grpc::CallbackServerContex
         work.key = SequenceKey(tenant, request.sequence_id());
         const int32_t layer = request.layer();
         const int64_t n = request.k().shape(0);
-        if (absl::Status s = pending_.CheckStart(backend_->cache(), work.key, layer,
-                                                 request.start_position(), request.sequence_id());
+        if (absl::Status s =
+                pending_.CheckStart(backend_->cache(), work.key, layer, request.start_position(),
+                                    request.sequence_id(), &work.incarnation);
             !s.ok()) {
           return finish(s);
         }
-        absl::StatusOr<uint64_t> incarnation = backend_->cache().Incarnation(work.key);
-        if (!incarnation.ok()) {
-          return finish(ForCaller(incarnation.status(), work.key, request.sequence_id()));
-        }
-        work.incarnation = *incarnation;
         // Counted until the queued work's `done` takes the count over; taken back here on
         // a refusal or an exception before that.
         PendingHold hold(&pending_, work.key, layer, n);

@@ -28,38 +28,13 @@ Region::~Region() {
   if (unmap_) unmap_();
 }
 
-absl::Status Region::WriteIfLive(const std::function<void()>& write) const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  if (revoked_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("region '", name_,
-                     "' was unregistered while the request was queued or running; "
-                     "nothing was written to it"));
-  }
-  write();
-  return absl::OkStatus();
-}
-
-bool Region::revoked() const { return revoked_flag_.load(std::memory_order_acquire); }
-
-void Region::Revoke() {
-  {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    revoked_ = true;
-    revoked_flag_.store(true, std::memory_order_release);
-  }
-  std::unique_lock<std::mutex> lock(pin_mu_);
-  pin_revoked_ = true;
-  unpinned_.wait(lock, [&] { return pins_ == 0; });
-}
-
 absl::Status Region::Pin() const {
-  std::lock_guard<std::mutex> lock(pin_mu_);
-  if (pin_revoked_) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (revoked_.load(std::memory_order_relaxed)) {
     return absl::FailedPreconditionError(
         absl::StrCat("region '", name_,
-                     "' was unregistered while the request was queued; nothing was "
-                     "written or stored"));
+                     "' was unregistered while the request was queued or running; nothing "
+                     "was written or stored"));
   }
   ++pins_;
   return absl::OkStatus();
@@ -68,10 +43,23 @@ absl::Status Region::Pin() const {
 void Region::Unpin() const {
   bool last;
   {
-    std::lock_guard<std::mutex> lock(pin_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     last = --pins_ == 0;
   }
   if (last) unpinned_.notify_all();
+}
+
+absl::Status Region::WriteIfLive(const std::function<void()>& write) const {
+  if (absl::Status s = Pin(); !s.ok()) return s;
+  write();
+  Unpin();
+  return absl::OkStatus();
+}
+
+void Region::Revoke() {
+  std::unique_lock<std::mutex> lock(mu_);
+  revoked_.store(true, std::memory_order_release);
+  unpinned_.wait(lock, [&] { return pins_ == 0; });
 }
 
 absl::StatusOr<std::shared_ptr<Region>> MapSystemRegion(const std::string& name,

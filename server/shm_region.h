@@ -17,7 +17,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,19 +46,16 @@ class Region {
   // Host address of byte 0 (system) or device address (cuda).
   char* base() const { return base_; }
 
-  // Runs `write` unless the region was revoked, and keeps Revoke waiting until it
-  // returns: once Revoke has returned, nothing writes to the region. FAILED_PRECONDITION
-  // when revoked.
-  absl::Status WriteIfLive(const std::function<void()>& write) const;
-  bool revoked() const;
-  // Revokes the region, then waits until no call holds a pin: once it returns, nothing
-  // writes to the region.
-  void Revoke();
-  // For writes that happen outside WriteIfLive (the device writes a CUDA region during a
-  // batch's run): Pin fails FAILED_PRECONDITION once revoked, else holds Revoke off
-  // until the matching Unpin, which may run on another thread.
+  // One mechanism keeps writes off a revoked region: a write holds a pin (Pin .. Unpin,
+  // which may run on another thread, as a batch's run on the device does), Pin fails
+  // FAILED_PRECONDITION once the region is revoked, and Revoke waits for the pins held:
+  // once it returns, nothing writes to the region.
   absl::Status Pin() const;
   void Unpin() const;
+  // Runs `write` under a pin; FAILED_PRECONDITION (not run) when revoked.
+  absl::Status WriteIfLive(const std::function<void()>& write) const;
+  bool revoked() const { return revoked_.load(std::memory_order_acquire); }
+  void Revoke();
 
   // Calls that reference the region and have not been answered (ListRegions).
   mutable std::atomic<int64_t> calls_in_flight{0};
@@ -70,14 +66,11 @@ class Region {
   char* const base_;
   const uint64_t byte_size_;
   std::function<void()> unmap_;
-  mutable std::shared_mutex mu_;  // exclusive in Revoke, shared around writes
-  bool revoked_ = false;
-  // revoked_ for a check without the lock (every item of a call checks every region).
-  std::atomic<bool> revoked_flag_{false};
-  mutable std::mutex pin_mu_;
+  mutable std::mutex mu_;  // guards pins_ and the revocation
   mutable std::condition_variable unpinned_;
-  mutable int64_t pins_ = 0;  // guarded by pin_mu_
-  bool pin_revoked_ = false;  // guarded by pin_mu_
+  mutable int64_t pins_ = 0;
+  // Set under mu_; read without it by revoked() (every item of a call checks its regions).
+  std::atomic<bool> revoked_{false};
 };
 
 // Maps [offset, offset + byte_size) of the POSIX shared-memory object `shm_name`

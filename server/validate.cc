@@ -29,20 +29,8 @@ absl::Status Unreadable(const char* name) {
       "(nothing was stored)"));
 }
 
-std::string ShapeText(const v1::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
-}
-
-std::string ShapeText(absl::Span<const int64_t> shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// The dtype's name, or its number when the contract has no such value (a newer or a
-// broken client): DType_Name gives an empty string for those.
-std::string DTypeText(v1::DType dtype) {
-  if (v1::DType_IsValid(dtype)) return v1::DType_Name(dtype);
-  return absl::StrCat("unknown dtype value ", static_cast<int>(dtype));
-}
+using ::sds::server::ShapeText;  // the span form, beside this one
+std::string ShapeText(const v1::Tensor& t) { return ShapeText(t.shape()); }
 
 absl::Status CheckDtype(const char* name, const v1::Tensor& t, v1::DType want) {
   if (t.dtype() != want) {
@@ -155,6 +143,15 @@ absl::Status CheckIndices(const v1::Tensor& t, const TensorBytes& data, int64_t 
 }
 
 }  // namespace
+
+std::string ShapeText(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string DTypeText(v1::DType dtype) {
+  if (v1::DType_IsValid(dtype)) return v1::DType_Name(dtype);
+  return absl::StrCat("unknown dtype value ", static_cast<int>(dtype));
+}
 
 bool AllFiniteBf16(const char* bytes, int64_t n) {
   int64_t i = 0;

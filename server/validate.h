@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "server/model_shape.h"
 #include "server/tensor_bytes.h"
 #include "sparse_decode/v1/decode.pb.h"
@@ -13,6 +15,12 @@
 namespace sds::server {
 
 absl::Status ValidateSequenceId(const std::string& id, const char* field);
+
+// "[2, 3]": a shape as the error messages print it.
+std::string ShapeText(absl::Span<const int64_t> shape);
+// The dtype's name, or its number when the contract has no such value (a newer or a
+// broken client): DType_Name gives an empty string for those.
+std::string DTypeText(sparse_decode::v1::DType dtype);
 // `bytes`: the request's tensor data (its own fields, or the wire slices of a raw call,
 // whose message fields then hold no data).
 absl::Status ValidateDecode(const sparse_decode::v1::DecodeRequest& request,
