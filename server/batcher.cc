@@ -34,15 +34,15 @@ const absl::Status& QueueOutOfMemory() {
   return *status;
 }
 
-// Answers requests that were taken from the queue but not run. A `done` that throws is
+// Answers units that were taken from the queue but not run. A completion that throws is
 // a bug; it is logged and the others are still answered.
 void AnswerAll(std::vector<DecodeWork>& works, const absl::Status& status) {
   for (DecodeWork& d : works) {
     try {
-      d.done(status);
+      Complete(d, {&status, 1});
     } catch (const std::exception& e) {
-      spdlog::critical("batcher: exception from the completion of request {} of '{}': {}",
-                       d.request->request_id(), d.key, e.what());
+      spdlog::critical("batcher: exception from the completion of a unit of {} ('{}' first): {}",
+                       d.items.size(), d.items.empty() ? "" : d.items[0]->key, e.what());
     }
   }
 }
@@ -60,7 +60,8 @@ void Answer(const char* what, Done&& done) {
 
 void FailEntry(std::variant<DecodeWork, AppendWork, ControlWork>& entry,
                const absl::Status& status) {
-  if (auto* d = std::get_if<DecodeWork>(&entry)) Answer("decode", [&] { d->done(status); });
+  if (auto* d = std::get_if<DecodeWork>(&entry))
+    Answer("decode", [&] { Complete(*d, {&status, 1}); });
   if (auto* a = std::get_if<AppendWork>(&entry)) Answer("prefill", [&] { a->done(status); });
   if (auto* c = std::get_if<ControlWork>(&entry)) Answer("fork/release", [&] { c->done(status); });
 }
@@ -75,23 +76,24 @@ Batcher::Batcher(const BatcherOptions& options, Executor* executor,
     fill_pool_ = std::make_unique<CpuThreadPool>(options_.staging_threads);
 }
 
-void Batcher::FillStaging(const Ready& ready) {
+void Batcher::FillStaging(Ready& ready) {
   // Below this many rows (~22 KB each at the seed shape) waking the pool costs about
   // what it saves.
   constexpr size_t kPoolFillRows = 16;
   StagingBuffer& staging = *staging_[ready.buffer];
-  const std::vector<DecodeWork>& decodes = ready.decodes;
-  staging.PlanIndices(static_cast<int32_t>(decodes.size()),
-                      [&](int32_t row) -> const DecodeTensorBytes& { return decodes[row].bytes; });
+  std::vector<const DecodeItem*>& rows = ready.rows;  // row r: the batch's r-th item
+  rows.clear();
+  for (const DecodeWork& unit : ready.decodes)
+    rows.insert(rows.end(), unit.items.begin(), unit.items.end());
+  staging.PlanIndices(static_cast<int32_t>(rows.size()),
+                      [&](int32_t row) -> const DecodeTensorBytes& { return rows[row]->bytes; });
   std::unique_lock<std::mutex> pool(fill_pool_mu_, std::defer_lock);
-  if (fill_pool_ != nullptr && decodes.size() >= kPoolFillRows && pool.try_lock()) {
-    fill_pool_->ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t i) {
-      staging.FillRow(static_cast<int32_t>(i), *decodes[i].request, decodes[i].bytes);
-    });
+  if (fill_pool_ != nullptr && rows.size() >= kPoolFillRows && pool.try_lock()) {
+    fill_pool_->ParallelFor(static_cast<int64_t>(rows.size()),
+                            [&](int64_t i) { staging.FillRow(static_cast<int32_t>(i), *rows[i]); });
     return;
   }
-  for (size_t i = 0; i < decodes.size(); ++i)
-    staging.FillRow(static_cast<int32_t>(i), *decodes[i].request, decodes[i].bytes);
+  for (size_t i = 0; i < rows.size(); ++i) staging.FillRow(static_cast<int32_t>(i), *rows[i]);
 }
 
 Batcher::~Batcher() { Stop(); }
@@ -123,32 +125,41 @@ void Batcher::MarkRunningLocked(const Ready& ready) {
 void Batcher::AddInFlightSequencesLocked(const std::vector<DecodeWork>& decodes, size_t first) {
   if (options_.max_concurrent_batches <= 1) return;
   for (size_t i = first; i < decodes.size(); ++i)
-    ++in_flight_sequences_[absl::HashOf(decodes[i].key)];
+    for (const DecodeItem* item : decodes[i].items) ++in_flight_sequences_[absl::HashOf(item->key)];
 }
 
 void Batcher::RemoveInFlightSequencesLocked(const std::vector<DecodeWork>& decodes) {
   if (options_.max_concurrent_batches <= 1) return;
   for (const DecodeWork& d : decodes) {
-    auto it = in_flight_sequences_.find(absl::HashOf(d.key));
-    if (it != in_flight_sequences_.end() && --it->second == 0) in_flight_sequences_.erase(it);
+    for (const DecodeItem* item : d.items) {
+      auto it = in_flight_sequences_.find(absl::HashOf(item->key));
+      if (it != in_flight_sequences_.end() && --it->second == 0) in_flight_sequences_.erase(it);
+    }
   }
 }
 
 absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool urgent, bool* wake) {
   if (stopping_) return absl::UnavailableError("server is draining");
-  if (counts_toward_depth && limited_in_queue_ >= options_.max_queue_depth) {
+  // A decode unit weighs its items, a prefill one.
+  const auto* decode = std::get_if<DecodeWork>(&entry);
+  const int64_t weight = decode != nullptr ? decode->size() : 1;
+  if (decode != nullptr && (decode->sink == nullptr || decode->items.empty() ||
+                            decode->size() > options_.max_batch_size)) {
+    return absl::InternalError(absl::StrCat("internal error: a decode unit of ", decode->size(),
+                                            " items (1 to ", options_.max_batch_size, " allowed)",
+                                            decode->sink == nullptr ? " without a sink" : ""));
+  }
+  if (counts_toward_depth && limited_in_queue_ + weight > options_.max_queue_depth) {
     return absl::ResourceExhaustedError(absl::StrCat("decode queue full: ", limited_in_queue_,
                                                      " requests waiting; retry with backoff"));
   }
   // The assembler sleeps without a deadline only on an empty queue; otherwise it wakes
   // by itself when the oldest request's delay ends. Wake it only when this entry can
   // close a batch earlier: a context switch per request is the largest cost otherwise.
-  const auto* decode = std::get_if<DecodeWork>(&entry);
   // With concurrent batches the queued requests may all be held back (their sequences
   // in flight), so that this one could close a batch at once.
   const bool wake_now = decode == nullptr || (options_.eager && decode->closes_batch) ||
-                        queue_.empty() ||
-                        queue_.size() + 1 >= static_cast<size_t>(options_.max_batch_size) ||
+                        queue_.empty() || limited_in_queue_ + weight >= options_.max_batch_size ||
                         !in_flight_sequences_.empty();
   // The push first: when it throws (bad_alloc) nothing below has changed, and the
   // caller still owns the work.
@@ -159,7 +170,7 @@ absl::Status Batcher::PushLocked(Entry& entry, bool counts_toward_depth, bool ur
     queue_.push_back(std::move(entry));
   }
   *wake = *wake || wake_now;
-  if (counts_toward_depth) ++limited_in_queue_;
+  if (counts_toward_depth) limited_in_queue_ += weight;
   queue_events_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -226,12 +237,35 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
   SubmitterRun claim;  // runs (if claimed) before this returns
   bool claimed = false;
   int64_t queued = 0;
+  bool queued_heads = false;  // a split unit's first items were queued
   const Clock::time_point now = Clock::now();
   AddOutstanding(static_cast<int64_t>(works->size()));  // before visible, as in Enqueue
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     for (size_t i = 0; i < works->size(); ++i) {
       (*works)[i].enqueued = now;
+      // A unit larger than the room left in the queue: its first items take the room, the
+      // rest are refused (left in (*works)[i]), so that each item fails or runs alone.
+      const int64_t room = options_.max_queue_depth - limited_in_queue_;
+      if (!stopping_ && room > 0 && room < (*works)[i].size()) {
+        DecodeWork head;
+        try {
+          head = (*works)[i];
+          head.items.resize(static_cast<size_t>(room));
+          head.closes_batch = true;
+          Entry queued_head(std::move(head));
+          AddOutstanding(1);  // one more entry, counted before it is visible
+          if (PushLocked(queued_head, true, false, &wake).ok()) {
+            auto& items = (*works)[i].items;
+            items.erase(items.begin(), items.begin() + room);
+            queued_heads = true;
+          } else {
+            Completed(1);
+          }
+        } catch (const std::exception&) {
+          // Not split: the whole unit goes through PushLocked below.
+        }
+      }
       Entry entry(std::move((*works)[i]));
       try {
         status[i] = PushLocked(entry, true, false, &wake);
@@ -244,7 +278,7 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
         (*works)[i] = std::get<DecodeWork>(std::move(entry));  // refused: hand it back
       }
     }
-    claimed = queued > 0 && TryClaimLocked(&claim);
+    claimed = (queued > 0 || queued_heads) && TryClaimLocked(&claim);
   }
   Completed(static_cast<int64_t>(works->size()) - queued);  // the refused ones
   if (claimed ? QueueNonEmpty() : wake) queue_cv_.notify_one();
@@ -302,34 +336,47 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
   bool closes = false;   // the last item of a DecodeBatch call is in the batch
   Clock::time_point oldest = Clock::time_point::max();
   const size_t window = std::min(queue_.size(), scan_limit);
+  bool full = false;  // the next unit would not fit
   for (size_t i = 0; i < window && eligible < static_cast<size_t>(options_.max_batch_size); ++i) {
     const DecodeWork* d = std::get_if<DecodeWork>(&queue_[i]);
     if (d == nullptr) {
       blocked = true;
       break;
     }
-    // Kept for a later batch: a second decode of a (sequence, layer) in this batch, or a
-    // decode of a sequence that a batch in flight holds.
-    const bool in_flight =
-        !in_flight_sequences_.empty() && in_flight_sequences_.contains(absl::HashOf(d->key));
     if (now > d->deadline) {
       actions.push_back(ScanAction::kExpire);
-      ++expiring;
-    } else if (!in_flight && seen.emplace(d->key, d->request->layer()).second) {
-      actions.push_back(ScanAction::kTake);
-      ++eligible;
-      oldest = std::min(oldest, d->enqueued);
-      closes = closes || d->closes_batch;
-    } else {
-      actions.push_back(ScanAction::kKeep);
+      expiring += d->items.size();
+      continue;
     }
+    // Kept for a later batch: a unit holding a (sequence, layer) that this batch holds or
+    // an earlier kept unit holds (its order with that unit stays), or a sequence that a
+    // batch in flight holds. A kept unit's pairs block later units too.
+    bool keep = false;
+    for (const DecodeItem* item : d->items) {
+      keep =
+          keep || seen.contains({item->key, item->layer}) ||
+          (!in_flight_sequences_.empty() && in_flight_sequences_.contains(absl::HashOf(item->key)));
+    }
+    if (!keep && eligible + d->items.size() > static_cast<size_t>(options_.max_batch_size)) {
+      full = true;  // taken whole or not at all: the batch closes without it
+      break;
+    }
+    for (const DecodeItem* item : d->items) seen.emplace(item->key, item->layer);
+    if (keep) {
+      actions.push_back(ScanAction::kKeep);
+      continue;
+    }
+    actions.push_back(ScanAction::kTake);
+    eligible += d->items.size();
+    oldest = std::min(oldest, d->enqueued);
+    closes = closes || d->closes_batch;
   }
   // Nothing to take (every scanned request's sequence is in a batch in flight): wait for
   // that batch, whatever else holds (a non-decode entry behind keeps its place).
   const bool anything = eligible > 0 || expiring > 0;
   const bool close =
       anything &&
-      (eligible >= static_cast<size_t>(options_.max_batch_size) || blocked || draining_ ||
+      (eligible >= static_cast<size_t>(options_.max_batch_size) || full || blocked || draining_ ||
        stopping_ || actions.size() >= scan_limit ||
        (eligible > 0 && now - oldest >= options_.max_queue_delay) ||
        (eligible > 0 && options_.eager &&
@@ -346,8 +393,13 @@ bool Batcher::TakeBatchLocked(Clock::time_point now, std::vector<DecodeWork>* de
   }
   // Allocate first: once entries leave the queue nothing may throw, or they would be lost.
   const size_t first_taken = decodes->size();
-  decodes->reserve(decodes->size() + eligible);
-  expired->reserve(expired->size() + expiring);
+  size_t taking = 0, expiring_units = 0;
+  for (ScanAction action : actions) {
+    taking += action == ScanAction::kTake ? 1 : 0;
+    expiring_units += action == ScanAction::kExpire ? 1 : 0;
+  }
+  decodes->reserve(decodes->size() + taking);
+  expired->reserve(expired->size() + expiring_units);
   if (options_.max_concurrent_batches > 1)
     in_flight_sequences_.reserve(in_flight_sequences_.size() + eligible);
   for (size_t i = 0; i < actions.size(); ++i) {

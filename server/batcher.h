@@ -1,5 +1,6 @@
-// The dynamic batcher: one queue for every decode (Decode, DecodeBatch items,
-// DecodeStream messages from all connections), prefill and cache-control work.
+// The dynamic batcher: one queue for every decode unit (work.h: a Decode call, a
+// DecodeStream message, or a DecodeBatch or DecodeLayer call's items, from all
+// connections), prefill and cache-control work.
 //
 // Two threads. The assembler waits for a free staging buffer (two, so one fills while
 // the other runs), then closes a batch when it reaches max_batch_size or when its
@@ -12,9 +13,10 @@
 // thread itself, with whatever else closes with it: on the CPU backend that saves the
 // assembler's wake-up, and a DecodeStream answer is then written from inside a gRPC
 // reaction. Units still run one at a time, in queue order.
-// A batch holds at most one decode per (sequence, layer); a second one stays queued
-// for a later batch. With `eager`, a batch also closes at once when it holds the last
-// item of a DecodeBatch call (`DecodeWork::closes_batch`: the runner sent its whole
+// A batch takes whole units, in queue order, up to max_batch_size items, and at most one
+// decode per (sequence, layer): a unit with a pair the batch holds stays queued, in
+// order, for a later batch. With `eager`, a batch also closes at once when it holds the
+// last unit of a multi-item call (`DecodeWork::closes_batch`: the runner sent its whole
 // batch) or when the executor has no batch (an idle executor gains nothing by
 // waiting). With max_concurrent_batches > 1 (a backend with several lanes) that many
 // executor threads run decode batches side by side, each batch free of the sequences of
@@ -55,7 +57,7 @@ namespace sds::server {
 struct BatcherOptions {
   int32_t max_batch_size = 64;
   std::chrono::microseconds max_queue_delay{500};
-  int32_t max_queue_depth = 4096;  // decode and prefill items waiting
+  int32_t max_queue_depth = 4096;  // decode items (of all units) and prefills waiting
   bool eager = false;  // close at once while the executor is idle or on a DecodeBatch's end
   // With eager: a submitting thread that finds the batcher idle (nothing queued or held
   // by the assembler, no unit running) runs the batch itself instead of waking the
@@ -85,8 +87,9 @@ class Batcher {
   using Entry = std::variant<DecodeWork, AppendWork, ControlWork>;
   struct Ready {  // what the assembler hands to the executor
     int buffer = -1;
-    std::vector<DecodeWork> decodes;
-    std::unique_ptr<Entry> single;  // an AppendWork or ControlWork
+    std::vector<DecodeWork> decodes;      // units
+    std::vector<const DecodeItem*> rows;  // their items in order: staging row r (FillStaging)
+    std::unique_ptr<Entry> single;        // an AppendWork or ControlWork
   };
 
  public:
@@ -119,13 +122,14 @@ class Batcher {
   ~Batcher();  // Stop()
 
   void Start();
-  // On error (queue full: RESOURCE_EXHAUSTED; stopped: UNAVAILABLE) nothing was
-  // queued and `done` will not be called. The same when one of them throws (bad_alloc).
+  // On error (queue full: RESOURCE_EXHAUSTED; stopped: UNAVAILABLE; a unit of no items
+  // or more than max_batch_size: INTERNAL) nothing was queued and the unit will not be
+  // completed. The same when one of them throws (bad_alloc).
   // With run_on_submitter and `claim`, the batch may be claimed for this thread: it
   // runs when the caller runs (or destroys) `claim`. Without `claim` it never is.
   absl::Status SubmitDecode(DecodeWork work, SubmitterRun* claim = nullptr);
-  // Queues several decodes under one lock, in order. Returns one status per item; an
-  // item that was queued is moved from (its `done` will run), a refused one is left
+  // Queues several decode units under one lock, in order. Returns one status per unit; a
+  // unit that was queued is moved from (it will be completed), a refused one is left
   // intact for the caller to answer. Throws (bad_alloc) only before queueing any.
   std::vector<absl::Status> SubmitDecodes(std::vector<DecodeWork>* works);
   absl::Status SubmitAppend(AppendWork work);
@@ -142,6 +146,8 @@ class Batcher {
   void Stop();
 
   int64_t queue_depth() const;
+  // The most items one decode unit may hold.
+  int32_t max_batch_size() const { return options_.max_batch_size; }
 
  private:
   // `claim`: a decode submission, which may claim the batch for the submitting thread
@@ -196,10 +202,11 @@ class Batcher {
   void RunClaimedUnit(SubmitterRun* claim);
   // The last touch of a claim's run: claims_in_flight_ down, Stop woken.
   void ClaimDone();
-  // Copies every request's tensors of `ready` into its staging buffer rows: on the fill
-  // pool for batches of at least 16 requests when no other fill holds it, else on this
-  // thread. PlanIndices and FillRow only sum sizes and copy bytes, so neither way throws.
-  void FillStaging(const Ready& ready);
+  // Lists the items of `ready` in `ready.rows` and copies their tensors into its staging
+  // buffer rows: on the fill pool for batches of at least 16 items when no other fill
+  // holds it, else on this thread. PlanIndices and FillRow only sum sizes and copy bytes;
+  // only the list's allocation can throw (bad_alloc).
+  void FillStaging(Ready& ready);
   void AddOutstanding(int64_t items);
   void Completed(int64_t items);
 
@@ -214,7 +221,7 @@ class Batcher {
   mutable std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Entry> queue_;
-  int64_t limited_in_queue_ = 0;  // decode + append entries in queue_
+  int64_t limited_in_queue_ = 0;  // decode items + append entries in queue_
   size_t urgent_in_front_ = 0;    // urgent control entries at the front of queue_
   bool draining_ = false;
   bool stopping_ = false;

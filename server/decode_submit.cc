@@ -1,99 +1,120 @@
 #include "server/decode_submit.h"
 
 #include <exception>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "server/auth.h"
-#include "server/validate.h"
+#include "absl/strings/string_view.h"
 #include "spdlog/spdlog.h"
 
 namespace sds::server {
 
-absl::Status DecodeAdmission::Admit(
-    const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-    const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-    EncodedResponse* encoded, Clock::time_point deadline, std::function<bool()> cancelled,
-    std::function<void(const absl::Status&)> done, DecodeWork* work, PendingHold* hold) const {
-  if (absl::Status s = ValidateDecode(*request, bytes, model_); !s.ok()) return s;
-  std::string key = SequenceKey(tenant, request->sequence_id());
-  const int32_t layer = request->layer();
-  uint64_t incarnation = 0;
-  if (absl::Status s = pending_->CheckStart(*cache_, key, layer, request->position(),
-                                            request->sequence_id(), &incarnation);
-      !s.ok()) {
-    return s;
+namespace {
+
+absl::Status QueueFailure(const std::exception& e) {
+  return absl::InternalError(absl::StrCat("internal error while queueing the request: ", e.what()));
+}
+
+}  // namespace
+
+void DecodeAdmission::Submit(absl::Span<DecodeItem* const> items, DecodeSink* sink,
+                             Clock::time_point deadline, const std::function<bool()>& cancelled,
+                             Batcher::SubmitterRun* claim) const {
+  if (items.empty()) return;
+  std::vector<absl::Status> status;
+  try {
+    status.resize(items.size());
+  } catch (const std::exception& e) {  // bad_alloc: nothing counted yet
+    const absl::Status failed = QueueFailure(e);
+    for (DecodeItem* item : items) sink->Done({&item, 1}, {&failed, 1});
+    return;
   }
   if (Clock::now() > deadline) {
-    return absl::DeadlineExceededError("deadline passed before the request was queued");
+    status.assign(items.size(),
+                  absl::DeadlineExceededError("deadline passed before the request was queued"));
+    sink->Done(items, status);
+    return;
   }
-  // Counted from here; if anything below throws, `hold` takes the count back.
-  *hold = PendingHold(pending_, key, layer, 1);
-  work->request = request;
-  work->bytes = bytes;
-  work->response = response;
-  work->encoded = encoded;
-  work->key = key;
-  work->incarnation = incarnation;
-  work->deadline = deadline;
-  work->cancelled = std::move(cancelled);
-  work->done = [pending = pending_, key = std::move(key), layer,
-                done = std::move(done)](const absl::Status& s) {
-    pending->Remove(key, layer, 1);  // after the commit: the length already includes it
-    done(s);
-  };
-  return absl::OkStatus();
-}
-
-absl::Status DecodeAdmission::Prepare(
-    const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-    const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-    EncodedResponse* encoded, Clock::time_point deadline, std::function<bool()> cancelled,
-    std::function<void(const absl::Status&)> done, DecodeWork* work) const {
-  PendingHold hold;
-  if (absl::Status s = Admit(tenant, request, bytes, response, encoded, deadline,
-                             std::move(cancelled), std::move(done), work, &hold);
-      !s.ok()) {
-    return s;
+  pending_->CheckAndAddItems(*cache_, items, absl::MakeSpan(status));
+  // From here the admitted items' counts are owned by `units` (their completion removes
+  // them); if building the units throws, they are taken back and every item fails.
+  std::vector<DecodeItem*> refused;
+  std::vector<absl::Status> refused_status;
+  std::vector<DecodeWork> units;
+  try {
+    BuildUnits(items, status, sink, deadline, cancelled, &refused, &refused_status, &units);
+  } catch (const std::exception& e) {
+    std::vector<DecodeItem*> admitted;
+    for (size_t i = 0; i < items.size(); ++i)
+      if (status[i].ok()) admitted.push_back(items[i]);  // may throw again: then they leak
+    pending_->RemoveItems(admitted);
+    status.assign(items.size(), QueueFailure(e));
+    sink->Done(items, status);
+    return;
   }
-  hold.Release();  // work->done removes the count
-  return absl::OkStatus();
-}
-
-absl::Status DecodeAdmission::Submit(
-    const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-    const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-    EncodedResponse* encoded, Clock::time_point deadline, std::function<bool()> cancelled,
-    std::function<void(const absl::Status&)> done, Batcher::SubmitterRun* claim) const {
-  DecodeWork work;
-  PendingHold hold;  // removes the count on a refusal or an exception before it is queued
-  if (absl::Status s = Admit(tenant, request, bytes, response, encoded, deadline,
-                             std::move(cancelled), std::move(done), &work, &hold);
-      !s.ok()) {
-    return s;
+  if (!refused.empty()) sink->Done(refused, refused_status);
+  if (units.empty()) return;
+  if (units.size() == 1 && items.size() == 1) {
+    DecodeWork work = std::move(units[0]);
+    absl::Status queued = batcher_->SubmitDecode(std::move(work), claim);
+    // A refused unit is left intact by the batcher, but it was moved into the call:
+    // `units[0]` keeps its items and sink (moving an inlined vector copies it).
+    if (!queued.ok()) {
+      units[0].items.assign(items.begin(), items.end());
+      units[0].sink = sink;
+      units[0].pending = pending_;
+      Complete(units[0], {&queued, 1});
+    }
+    return;
   }
-  absl::Status queued = batcher_->SubmitDecode(std::move(work), claim);
-  if (queued.ok()) {
-    hold.Release();  // the queued work's `done` removes it
-  } else {
-    hold.Undo();
-  }
-  return queued;
-}
-
-void DecodeAdmission::SubmitAll(std::vector<DecodeWork> works) const {
-  if (works.empty()) return;
-  works.back().closes_batch = true;
   std::vector<absl::Status> queued;
   try {
-    queued = batcher_->SubmitDecodes(&works);
-  } catch (const std::exception& e) {  // bad_alloc before any was queued
-    spdlog::error("cannot queue {} decodes: {}", works.size(), e.what());
-    queued.assign(works.size(), absl::InternalError(absl::StrCat(
-                                    "internal error while queueing the request: ", e.what())));
+    queued = batcher_->SubmitDecodes(&units);
+  } catch (const std::exception& e) {  // bad_alloc before any unit was queued
+    queued.assign(units.size(), QueueFailure(e));
   }
-  for (size_t i = 0; i < works.size(); ++i) {
-    if (!queued[i].ok()) works[i].done(queued[i]);  // also removes it from pending
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!queued[u].ok()) Complete(units[u], {&queued[u], 1});  // refused: left intact
   }
+}
+
+void DecodeAdmission::BuildUnits(absl::Span<DecodeItem* const> items,
+                                 std::vector<absl::Status>& status, DecodeSink* sink,
+                                 Clock::time_point deadline, const std::function<bool()>& cancelled,
+                                 std::vector<DecodeItem*>* refused,
+                                 std::vector<absl::Status>* refused_status,
+                                 std::vector<DecodeWork>* units) const {
+  const size_t max_items = static_cast<size_t>(batcher_->max_batch_size());
+  absl::flat_hash_set<std::pair<absl::string_view, int32_t>> in_unit;
+  auto start_unit = [&] {
+    DecodeWork& unit = units->emplace_back();
+    unit.sink = sink;
+    unit.pending = pending_;
+    unit.deadline = deadline;
+    unit.cancelled = cancelled;
+    in_unit.clear();
+    return &unit;
+  };
+  DecodeWork* unit = nullptr;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!status[i].ok()) {
+      refused->push_back(items[i]);
+      refused_status->push_back(status[i]);
+      continue;
+    }
+    DecodeItem* item = items[i];
+    // A second item of a (sequence, layer) starts a new unit, which runs in a later batch.
+    if (unit == nullptr || unit->items.size() == max_items ||
+        (items.size() > 1 && !in_unit.emplace(item->key, item->layer).second)) {
+      unit = start_unit();
+      if (items.size() > 1) in_unit.emplace(item->key, item->layer);
+    }
+    unit->items.push_back(item);
+  }
+  if (unit != nullptr) unit->closes_batch = true;
 }
 
 }  // namespace sds::server

@@ -1,63 +1,48 @@
-// Admission of one decode request: validation, tenancy, existence, position gap (see
-// pending_writes.h), then the queue.
-// Shared by Decode, DecodeBatch and DecodeStream.
+// Admission of a call's decode items: existence and position gap (pending_writes.h) for
+// all of them under one lock, then the queue as units (work.h) of at most a batch each.
+// Shared by Decode, DecodeBatch, DecodeStream and DecodeLayer, which check their
+// messages first (validate.h, layer_call.h).
 #pragma once
 
 #include <functional>
-#include <string>
 #include <vector>
 
-#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "paged_cache/paged_kv_cache.h"
 #include "server/batcher.h"
-#include "server/model_shape.h"
 #include "server/pending_writes.h"
-#include "sparse_decode/v1/decode.pb.h"
+#include "server/work.h"
 
 namespace sds::server {
 
 class DecodeAdmission {
  public:
-  DecodeAdmission(Batcher* batcher, const PagedKvCache* cache, PendingWrites* pending,
-                  const ModelShape& model)
-      : batcher_(batcher), cache_(cache), pending_(pending), model_(model) {}
+  DecodeAdmission(Batcher* batcher, const PagedKvCache* cache, PendingWrites* pending)
+      : batcher_(batcher), cache_(cache), pending_(pending) {}
 
-  // On error nothing was queued and `done` will not be called. `request`, the data
-  // that `bytes` views (tensor_bytes.h), `response` and `encoded` (required: see
-  // DecodeWork::encoded) must stay alive until `done` has run. `claim`: see
-  // Batcher::SubmitDecode.
-  absl::Status Submit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-                      const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-                      EncodedResponse* encoded, Clock::time_point deadline,
-                      std::function<bool()> cancelled,
-                      std::function<void(const absl::Status&)> done,
-                      Batcher::SubmitterRun* claim = nullptr) const;
-
-  // The checks of Submit without the queue: on OK `work` is ready for SubmitAll (and
-  // counted as pending); on error nothing changed and `done` will not be called.
-  absl::Status Prepare(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-                       const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-                       EncodedResponse* encoded, Clock::time_point deadline,
-                       std::function<bool()> cancelled,
-                       std::function<void(const absl::Status&)> done, DecodeWork* work) const;
-  // Queues prepared items in one step (the last one closes the batch under eager
-  // batching, so a DecodeBatch call's items stay together); an item the queue refuses
-  // is answered through its `done` at once.
-  void SubmitAll(std::vector<DecodeWork> works) const;
+  // Queues a call's checked items (validate.h; index and key set) for `sink`: each
+  // item's sequence must exist (NOT_FOUND) and its position follow its layer's length
+  // plus the tokens queued for it (FAILED_PRECONDITION). The admitted items go to the
+  // batcher as units in order, each of at most Batcher::max_batch_size items and at most
+  // one per (sequence, layer), in one step (with --eager_batching the last one closes its
+  // batch: a call's items stay together). Every item is answered exactly once through
+  // sink->Done; one refused here is answered at once, from this thread. The items, the
+  // data their bytes view and `sink` must outlive their Done. `claim` (single-item calls
+  // only): see Batcher::SubmitDecode. Does not throw.
+  void Submit(absl::Span<DecodeItem* const> items, DecodeSink* sink, Clock::time_point deadline,
+              const std::function<bool()>& cancelled, Batcher::SubmitterRun* claim = nullptr) const;
 
  private:
-  // The checks; on OK `work` is ready and its pending count is in `hold` (the caller
-  // releases it to the work's `done` once the work is queued, or lets it undo).
-  absl::Status Admit(const std::string& tenant, const sparse_decode::v1::DecodeRequest* request,
-                     const DecodeTensorBytes& bytes, sparse_decode::v1::DecodeResponse* response,
-                     EncodedResponse* encoded, Clock::time_point deadline,
-                     std::function<bool()> cancelled, std::function<void(const absl::Status&)> done,
-                     DecodeWork* work, PendingHold* hold) const;
+  // The admitted items (status[i] OK) as units in order, the others with their status
+  // in `refused`. May throw (bad_alloc).
+  void BuildUnits(absl::Span<DecodeItem* const> items, std::vector<absl::Status>& status,
+                  DecodeSink* sink, Clock::time_point deadline,
+                  const std::function<bool()>& cancelled, std::vector<DecodeItem*>* refused,
+                  std::vector<absl::Status>* refused_status, std::vector<DecodeWork>* units) const;
 
   Batcher* batcher_;
   const PagedKvCache* cache_;
   PendingWrites* pending_;
-  ModelShape model_;
 };
 
 }  // namespace sds::server

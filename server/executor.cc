@@ -6,13 +6,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/rpc_util.h"
+#include "server/caller_status.h"
 #include "spdlog/spdlog.h"
 
 namespace sds::server {
 namespace {
-
-namespace v1 = sparse_decode::v1;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 int64_t Micros(Clock::duration d) {
@@ -39,13 +37,13 @@ absl::Status DeviceRowError(uint8_t error) {
       "be -1 (skip) or a token position up to the request's (nothing was stored)");
 }
 
-// Calls after_run of the items whose before_run succeeded, however RunBatch ends.
+// Calls AfterRun of the units whose BeforeRun succeeded, however RunBatch ends.
 struct AfterRuns {
-  std::vector<DecodeWork>& items;
+  std::vector<DecodeWork>& units;
   std::vector<char> pinned;
   ~AfterRuns() {
-    for (size_t i = 0; i < pinned.size(); ++i)
-      if (pinned[i]) items[i].after_run();
+    for (size_t u = 0; u < pinned.size(); ++u)
+      if (pinned[u]) units[u].sink->AfterRun();
   }
 };
 
@@ -98,79 +96,110 @@ Executor::~Executor() {
   if (append_block_) backend_->FreeStaging(append_block_);
 }
 
-void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& units,
                               const std::function<void()>& before_answers) {
-  std::vector<absl::Status> status;
+  std::vector<absl::Status> status;  // per row: the units' items in order
   size_t finished = 0;
   absl::Status failed;
   try {
-    status.resize(items.size());
-    RunBatch(staging, items, status, &finished);
+    size_t rows = 0;
+    for (const DecodeWork& unit : units) rows += unit.items.size();
+    status.resize(rows);
+    RunBatch(staging, units, status, &finished);
   } catch (const std::exception& e) {
     // Only bad_alloc can get here. Every item is still answered, once: a request left
     // unanswered would hang its caller until its deadline. Those that RunBatch had
     // finished get their own outcome (their tokens are in the cache); the rest INTERNAL,
-    // the one whose answer was being built included, though its token may be written
+    // the one whose answer was being written included, though its token may be written
     // (a retry with the same data rewrites it harmlessly).
-    spdlog::critical("decode batch of {}: exception while running it after {} answers: {}",
-                     items.size(), finished, e.what());
+    spdlog::critical("decode batch of {} units: exception while running it after {} answers: {}",
+                     units.size(), finished, e.what());
     failed =
         absl::InternalError(absl::StrCat("internal error while running the batch: ", e.what()));
   }
-  // The answers are encoded (EncodeAnswer copies out of staging); the completions below
-  // use only `items`, `status` and `failed`.
+  // The answers are written (DecodeSink::Write copies out of staging); the completions
+  // below use only `units`, `status` and `failed`.
   if (before_answers) before_answers();
-  for (size_t i = 0; i < items.size(); ++i) {
+  size_t row = 0;
+  for (DecodeWork& unit : units) {
+    const size_t first = row;
+    row += unit.items.size();
     try {
-      items[i].done(failed.ok() || i < finished
-                        ? ForCaller(status[i], items[i].key, items[i].request->sequence_id())
-                        : failed);
+      if (status.size() < row) {  // the status array itself could not be allocated
+        Complete(unit, {&failed, 1});
+        continue;
+      }
+      for (size_t r = first; r < row; ++r) {
+        const DecodeItem& item = *unit.items[r - first];
+        if (!failed.ok() && r >= finished) {
+          status[r] = failed;
+        } else if (!status[r].ok()) {
+          status[r] = ForCaller(status[r], item.key, item.sequence_id);
+        }
+      }
+      Complete(unit, absl::Span<const absl::Status>(status).subspan(first, unit.items.size()));
     } catch (const std::exception& e) {
-      spdlog::critical("decode batch: exception from the completion of request {} of '{}': {}",
-                       items[i].request->request_id(), items[i].key, e.what());
+      spdlog::critical(
+          "decode batch: exception from the completion of a unit of {} ('{}' first): {}",
+          unit.items.size(), unit.items[0]->key, e.what());
     }
   }
 }
 
-void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& units,
                         std::vector<absl::Status>& status, size_t* finished) {
   const Clock::time_point start = Clock::now();
   PagedKvCache& cache = backend_->cache();
-  const int32_t n = static_cast<int32_t>(items.size());
-  std::vector<int32_t> row_of(n, -1);  // staging row after compaction
+  const int32_t n = static_cast<int32_t>(status.size());  // rows: the units' items in order
+  std::vector<int32_t> row_of(n, -1);                     // staging row after compaction
   std::vector<int64_t>& slots = SlotScratch();
-  thread_local std::vector<int32_t> pages;  // scratch per thread too (see SlotScratch)
+  thread_local std::vector<int32_t> pages;            // scratch per thread too (see SlotScratch)
+  thread_local std::vector<const DecodeItem*> items;  // row -> item
+  thread_local std::vector<int32_t> unit_of;          // row -> unit
+  items.clear();
+  unit_of.clear();
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const DecodeItem* item : units[u].items) {
+      items.push_back(item);
+      unit_of.push_back(static_cast<int32_t>(u));
+    }
+  }
 
-  AfterRuns after_runs{items, std::vector<char>(n, 0)};
+  AfterRuns after_runs{units, std::vector<char>(units.size(), 0)};
 
-  // 1. Slots for the new tokens (may copy shared pages), dropping failed requests.
+  // 1. Per unit: still wanted, and its sink's BeforeRun; then per item the slot for its
+  // new token (may copy shared pages), dropping failed requests.
   int32_t rows = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    const v1::DecodeRequest& req = *items[i].request;
-    if (items[i].encoded == nullptr && !items[i].write_answer) {
-      // A bug in the caller: nowhere to put the answer.
-      status[i] = absl::InternalError("decode work item without an answer slot");
-      continue;
+  int32_t row = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    DecodeWork& unit = units[u];
+    absl::Status unit_status = CheckStillWanted(start, unit.deadline, unit.cancelled);
+    if (unit_status.ok() && unit.sink == nullptr) {
+      unit_status = absl::InternalError("decode unit without a sink");  // a caller's bug
     }
-    if (staging.fill_failed(i)) {  // checked before any row moves
-      status[i] = absl::FailedPreconditionError(
-          "the request's tensors could not be read: its shared-memory object was shrunk under "
-          "its region (nothing was stored)");
-      continue;
+    if (unit_status.ok()) {
+      unit_status = unit.sink->BeforeRun();
+      after_runs.pinned[u] = unit_status.ok() ? 1 : 0;
     }
-    status[i] = CheckStillWanted(start, items[i].deadline, items[i].cancelled);
-    if (!status[i].ok()) continue;
-    if (items[i].before_run) {
-      status[i] = items[i].before_run();
+    for (const DecodeItem* item : unit.items) {
+      const int32_t i = row++;
+      if (!unit_status.ok()) {
+        status[i] = unit_status;
+        continue;
+      }
+      if (staging.fill_failed(i)) {  // checked before any row moves
+        status[i] = absl::FailedPreconditionError(
+            "the request's tensors could not be read: its shared-memory object was shrunk "
+            "under its region (nothing was stored)");
+        continue;
+      }
+      status[i] =
+          cache.PrepareWrite(item->key, item->layer, item->position, 1, &slots, item->incarnation);
       if (!status[i].ok()) continue;
-      after_runs.pinned[i] = items[i].after_run ? 1 : 0;
+      if (rows != i) staging.MoveRow(rows, i);
+      staging.slot()[rows] = slots[0];
+      row_of[i] = rows++;
     }
-    status[i] = cache.PrepareWrite(items[i].key, req.layer(), req.position(), 1, &slots,
-                                   items[i].incarnation);
-    if (!status[i].ok()) continue;
-    if (rows != i) staging.MoveRow(rows, i);
-    staging.slot()[rows] = slots[0];
-    row_of[i] = rows++;
   }
 
   // 2. Page tables, after every PrepareWrite of the batch (they may move pages).
@@ -179,16 +208,16 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   for (int32_t i = 0; i < n && rows > 0; ++i) {
     if (row_of[i] < 0) continue;
     pages.clear();
-    const v1::DecodeRequest& req = *items[i].request;
-    absl::Status s = cache.AppendPageTable(items[i].key, &pages, items[i].incarnation);
-    const int64_t needed = req.position() / page_size_ + 1;
+    const DecodeItem& item = *items[i];
+    absl::Status s = cache.AppendPageTable(item.key, &pages, item.incarnation);
+    const int64_t needed = item.position / page_size_ + 1;
     if (s.ok() && static_cast<int64_t>(pages.size()) < needed) {
       s = absl::InternalError(absl::StrCat("page table has ", pages.size(), " pages, position ",
-                                           req.position(), " needs ", needed));
+                                           item.position, " needs ", needed));
     }
     if (!s.ok()) {
       // Cannot happen after a successful PrepareWrite on this thread: a bug.
-      spdlog::error("decode batch: page table of '{}' failed: {}", req.sequence_id(), s.ToString());
+      spdlog::error("decode batch: page table of '{}' failed: {}", item.key, s.ToString());
       batch_error = absl::InternalError(absl::StrCat("page table lookup failed: ", s.message()));
       break;
     }
@@ -211,9 +240,7 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
     staging.Describe(rows, &work);
     // lse costs a log per query head: only when a request of the batch asked for it.
     bool any_lse = false;
-    for (int32_t i = 0; i < n && !any_lse; ++i) {
-      any_lse = row_of[i] >= 0 && items[i].request->return_lse();
-    }
+    for (int32_t i = 0; i < n && !any_lse; ++i) any_lse = row_of[i] >= 0 && items[i]->return_lse;
     if (!any_lse) work.decode.lse = nullptr;
     run_status = backend_->Run(work, &timing);
     if (!run_status.ok()) {
@@ -223,44 +250,36 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
   }
   const uint64_t batch_id = rows > 0 ? next_batch_id_.fetch_add(1) : 0;
 
-  // 4. Commit and fill the responses; metrics; then complete (so that a caller who
-  // got its answer already sees this batch in /metrics).
+  // 4. Answers, then commits; metrics; then complete (so that a caller who got its
+  // answer already sees this batch in /metrics).
   Clock::duration oldest_wait{};
+  BatchInfo info;
+  info.batch_id = batch_id;
+  info.batch_size = rows;
+  info.compute_us = timing.compute_us;
   for (int32_t i = 0; i < n; ++i) {
-    DecodeWork& item = items[i];
     if (row_of[i] >= 0) {
-      const v1::DecodeRequest& req = *item.request;
+      const DecodeItem& item = *items[i];
+      DecodeWork& unit = units[unit_of[i]];
       if (!batch_error.ok()) {
         status[i] = batch_error;  // the batch did not reach the backend
       } else if (!run_status.ok()) {
         status[i] = BackendFailure(run_status, "backend failed to run the batch");
       } else if (staging.row_error(row_of[i]) != kRowOk) {
         status[i] = DeviceRowError(staging.row_error(row_of[i]));  // nothing was stored
-      } else if (item.write_answer) {
+      } else {
         // Written before the commit: an answer that cannot be delivered (its region was
         // unregistered) leaves the token uncommitted, as if never sent.
-        status[i] = item.write_answer(staging.out_row(row_of[i]),
-                                      req.return_lse() ? staging.lse_row(row_of[i]) : nullptr);
+        info.queue_us = Micros(start - unit.enqueued);
+        status[i] = unit.sink->Write(item.index, info, staging.out_row(row_of[i]),
+                                     item.return_lse ? staging.lse_row(row_of[i]) : nullptr);
         if (status[i].ok()) {
-          status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1, item.incarnation);
+          status[i] = cache.CommitWrite(item.key, item.layer, item.position, 1, item.incarnation);
         }
-      } else {
-        status[i] = cache.CommitWrite(item.key, req.layer(), req.position(), 1, item.incarnation);
-      }
-      if (status[i].ok()) {
-        v1::DecodeResponse* resp = item.response;
-        resp->set_request_id(req.request_id());
-        v1::BatchInfo* info = resp->mutable_batch();
-        info->set_batch_id(batch_id);
-        info->set_batch_size(rows);
-        info->set_queue_us(Micros(start - item.enqueued));
-        info->set_compute_us(timing.compute_us);
-        if (!item.write_answer)
-          staging.EncodeAnswer(row_of[i], req.return_lse(), *resp, item.encoded);
-        oldest_wait = std::max(oldest_wait, start - item.enqueued);
+        if (status[i].ok()) oldest_wait = std::max(oldest_wait, start - unit.enqueued);
       }
     }
-    *finished = static_cast<size_t>(i) + 1;  // status[i] is final, its answer encoded
+    *finished = static_cast<size_t>(i) + 1;  // status[i] is final, its answer written
   }
 
   if (rows > 0) {
@@ -274,26 +293,23 @@ void Executor::RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
 }
 
 absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
-  const v1::AppendKVRequest& req = *work.request;
   // A cancelled prefill must not write: its caller may already be sending another.
   if (absl::Status s = CheckStillWanted(Clock::now(), work.deadline, work.cancelled); !s.ok()) {
     return s;
   }
   PagedKvCache& cache = backend_->cache();
-  const int64_t n = req.k().shape(0);
+  const int64_t n = work.num_tokens;
   std::vector<int64_t>& slots = SlotScratch();
   absl::Status s =
-      cache.PrepareWrite(work.key, req.layer(), req.start_position(), n, &slots, work.incarnation);
+      cache.PrepareWrite(work.key, work.layer, work.start_position, n, &slots, work.incarnation);
   if (!s.ok()) return s;
   const int64_t row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
-  const char* k_bytes = req.k().data().data();
-  const char* v_bytes = req.v().data().data();
   BatchTiming total;
   for (int64_t begin = 0; begin < n; begin += kAppendChunk) {
     const int64_t count = std::min(kAppendChunk, n - begin);
-    std::memcpy(append_k_, k_bytes + begin * row * 2, count * row * 2);
-    std::memcpy(append_v_, v_bytes + begin * row * 2, count * row * 2);
-    std::fill_n(append_layer_, count, req.layer());
+    std::memcpy(append_k_, work.k + begin * row * 2, count * row * 2);
+    std::memcpy(append_v_, work.v + begin * row * 2, count * row * 2);
+    std::fill_n(append_layer_, count, work.layer);
     std::memcpy(append_slot_, slots.data() + begin, count * sizeof(int64_t));
     BatchWork work_item;
     work_item.append.num_tokens = static_cast<int32_t>(count);
@@ -310,17 +326,19 @@ absl::StatusOr<int64_t> Executor::Append(const AppendWork& work) {
     }
     total.compute_us += timing.compute_us;
   }
-  s = cache.CommitWrite(work.key, req.layer(), req.start_position(), n, work.incarnation);
+  s = cache.CommitWrite(work.key, work.layer, work.start_position, n, work.incarnation);
   if (!s.ok()) return s;
   metrics_->AddTokensAppended(n);
-  spdlog::debug("prefill: {} tokens of layer {} at {}, compute {} us", n, req.layer(),
-                req.start_position(), total.compute_us);
-  return cache.Length(work.key, req.layer());
+  spdlog::debug("prefill: {} tokens of layer {} at {}, compute {} us", n, work.layer,
+                work.start_position, total.compute_us);
+  return cache.Length(work.key, work.layer);
 }
 
 absl::StatusOr<int64_t> Executor::RunAppend(const AppendWork& work) {
   absl::StatusOr<int64_t> length = Append(work);
-  if (!length.ok()) length = ForCaller(length.status(), work.key, work.request->sequence_id());
+  if (!length.ok()) {
+    length = ForCaller(length.status(), work.key, work.sequence_id);
+  }
   return length;
 }
 

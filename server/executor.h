@@ -30,15 +30,16 @@ class Executor {
                                                           const ModelShape& model);
   ~Executor();
 
-  // `items[i]` was copied into row i of `staging` by the assembler. Answers every item
-  // exactly once (if running the batch throws: INTERNAL for each item not finished by
-  // then); does not throw unless a completion's own failure handling does.
+  // The units' items, in order, were copied into the rows of `staging` by the assembler.
+  // Completes every unit exactly once, with each item's outcome (if running the batch
+  // throws: INTERNAL for each item not finished by then); does not throw unless a
+  // completion's own failure handling does.
   // `before_answers` (may be empty; must not throw) runs once, after the batch has run
-  // and its answers are encoded, before the first completion: from then on neither
+  // and its answers are written, before the first completion: from then on neither
   // `staging` nor this executor is used by this call, so the caller may hand both to
   // the next batch while the completions run (DecodeStream answers are posted to other
   // threads, each a wake-up on this one).
-  void RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+  void RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& units,
                       const std::function<void()>& before_answers = {});
   // The prefill's new length, or why it failed (the caller answers `work.done`). Not run
   // when its deadline passed or its call was cancelled. May throw (bad_alloc).
@@ -51,10 +52,11 @@ class Executor {
 
  private:
   Executor(Backend* backend, Metrics* metrics, const ModelShape& model);
-  // RunDecodeBatch without the answers: `status[i]` is item i's outcome (OK: its answer
-  // is encoded). May throw (bad_alloc); `*finished` then says how many items, from the
-  // first, have their final outcome (written, answer encoded, or refused).
-  void RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& items,
+  // RunDecodeBatch without the completions: `status[r]` is row r's outcome (the units'
+  // items in order; OK: its answer is written). May throw (bad_alloc); `*finished` then
+  // says how many rows, from the first, have their final outcome (answer written and
+  // committed, or refused).
+  void RunBatch(StagingBuffer& staging, std::vector<DecodeWork>& units,
                 std::vector<absl::Status>& status, size_t* finished);
   absl::StatusOr<int64_t> Append(const AppendWork& work);
   // A failed Run's answer for its requests: UNAVAILABLE when the backend is lost (after

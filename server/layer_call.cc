@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "absl/strings/str_cat.h"
+#include "server/auth.h"
 #include "server/sigbus_guard.h"
 #include "server/validate.h"
 
@@ -245,34 +246,23 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
     call->lse_ = inline_lse->mutable_data()->data();
   }
 
-  call->items_.reserve(b);
-  call->item_responses_.reserve(b);
-  call->bytes_.resize(b);
+  call->items_.resize(b);
+  call->batch_.resize(b);
   if (on_device) call->sources_.resize(b);
   call->status_.resize(b);
+  const uint64_t idx_list = static_cast<uint64_t>(k) * 4;  // one list's bytes at K
   for (int64_t i = 0; i < b; ++i) {
-    auto* item = google::protobuf::Arena::CreateMessage<v1::DecodeRequest>(&call->arena_);
-    item->set_sequence_id(r.sequence_ids(i));
-    item->set_layer(r.layer());
-    item->set_position(r.positions(i));
-    item->set_request_id(r.request_id());
-    item->set_return_lse(lse_wanted);
-    for (v1::Tensor* t : {item->mutable_q(), item->mutable_gate()}) {
-      t->set_dtype(v1::BF16);
-      t->add_shape(hq);
-      t->add_shape(d);
-    }
-    for (v1::Tensor* t : {item->mutable_k(), item->mutable_v()}) {
-      t->set_dtype(v1::BF16);
-      t->add_shape(hkv);
-      t->add_shape(d);
-    }
+    DecodeItem& item = call->items_[i];
+    item.index = static_cast<int32_t>(i);
+    item.sequence_id = r.sequence_ids(i);
+    item.key = SequenceKey(tenant, item.sequence_id);
+    item.layer = r.layer();
+    item.position = r.positions(i);
+    item.return_lse = lse_wanted;
     const int64_t topk = r.topk_size() != 0 ? r.topk(i) : k;
-    v1::Tensor* item_idx = item->mutable_indices();
-    item_idx->set_dtype(v1::INT32);
-    if (per_kv_head) item_idx->add_shape(hkv);
-    item_idx->add_shape(topk);
-    DecodeTensorBytes& bytes = call->bytes_[i];
+    item.topk = static_cast<int32_t>(topk);
+    item.indices_per_kv_head = per_kv_head;
+    DecodeTensorBytes& bytes = item.bytes;
     if (on_device) {
       DeviceRowSource& src = call->sources_[i];
       src.q = reinterpret_cast<const uint16_t*>(q->data + i * q_row);
@@ -296,106 +286,117 @@ absl::StatusOr<std::unique_ptr<LayerCall>> LayerCall::Plan(const std::string& te
       bytes.k.Append(kn->data + i * kv_row, kv_row);
       bytes.v.Append(vn->data + i * kv_row, kv_row);
       const char* list = indices->data + i * idx_row;
-      for (int64_t h = 0; h < (per_kv_head ? hkv : 1); ++h)
-        bytes.indices.Append(list + h * k * 4, static_cast<size_t>(topk) * 4);
+      if (topk == k) {
+        bytes.indices.Append(list, idx_row);  // the lists back to back: one piece
+      } else {
+        for (int64_t h = 0; h < (per_kv_head ? hkv : 1); ++h)
+          bytes.indices.Append(list + h * idx_list, static_cast<size_t>(topk) * 4);
+      }
     }
-    call->items_.push_back(item);
-    call->item_responses_.push_back(
-        google::protobuf::Arena::CreateMessage<v1::DecodeResponse>(&call->arena_));
   }
   call->remaining_.store(static_cast<int32_t>(b));
   return call;
 }
 
-AnswerWriter LayerCall::Writer(int32_t b) {
-  return [this, b](const uint16_t* out, const float* lse) -> absl::Status {
-    // Inputs read from a region unregistered since may not be what the caller sent: the
-    // answer is not delivered and the token not committed.
-    for (const std::shared_ptr<Region>& region : regions_) {
-      if (region->revoked()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("region '", region->name(),
-                         "' was unregistered while the request ran; its answer is not valid "
-                         "and nothing was stored"));
-      }
-    }
-    const size_t out_row = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
-    const size_t lse_row = static_cast<size_t>(model_.num_q_heads) * 4;
-    if (out_ == nullptr) return absl::OkStatus();  // answered on the device (pinned)
-    // A region's pages may be gone (its object shrunk by its owner): sigbus_guard.h.
-    auto gone = [] {
+absl::Status LayerCall::Check(int32_t b) const {
+  const DecodeItem& item = items_[b];
+  if (absl::Status s = CheckItemFields(item.sequence_id, item.layer, item.position, model_);
+      !s.ok()) {
+    return s;
+  }
+  return CheckDecodeValues(item);
+}
+
+absl::Status LayerCall::Write(int32_t b, const BatchInfo& batch, const uint16_t* out,
+                              const float* lse) {
+  // Inputs read from a region unregistered since may not be what the caller sent: the
+  // answer is not delivered and the token not committed.
+  for (const std::shared_ptr<Region>& region : regions_) {
+    if (region->revoked()) {
       return absl::FailedPreconditionError(
-          "the answer could not be written: the shared-memory object was shrunk under its "
-          "region (nothing was stored)");
-    };
-    bool lse_written = true;
-    auto write_lse = [&] {
-      if (lse_ != nullptr && lse != nullptr) {
-        lse_written = RunGuarded([&] { std::memcpy(lse_ + b * lse_row, lse, lse_row); });
-      }
-    };
-    auto write = [&] {
-      if (!RunGuarded([&] { std::memcpy(out_ + b * out_row, out, out_row); })) return gone();
-      absl::Status s;
-      if (lse_region_ != nullptr && lse_region_ != out_region_) {
-        s = lse_region_->WriteIfLive(write_lse);
-      } else {
-        write_lse();
-      }
-      if (s.ok() && !lse_written) return gone();
+          absl::StrCat("region '", region->name(),
+                       "' was unregistered while the request ran; its answer is not valid "
+                       "and nothing was stored"));
+    }
+  }
+  batch_[b] = batch;
+  const size_t out_row = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
+  const size_t lse_row = static_cast<size_t>(model_.num_q_heads) * 4;
+  if (out_ == nullptr) return absl::OkStatus();  // answered on the device (pinned)
+  // A region's pages may be gone (its object shrunk by its owner): sigbus_guard.h.
+  auto gone = [] {
+    return absl::FailedPreconditionError(
+        "the answer could not be written: the shared-memory object was shrunk under its "
+        "region (nothing was stored)");
+  };
+  bool lse_written = true;
+  auto write_lse = [&] {
+    if (lse_ != nullptr && lse != nullptr) {
+      lse_written = RunGuarded([&] { std::memcpy(lse_ + b * lse_row, lse, lse_row); });
+    }
+  };
+  auto write = [&] {
+    if (!RunGuarded([&] { std::memcpy(out_ + b * out_row, out, out_row); })) return gone();
+    absl::Status s;
+    if (lse_region_ != nullptr && lse_region_ != out_region_) {
+      s = lse_region_->WriteIfLive(write_lse);
+    } else {
+      write_lse();
+    }
+    if (s.ok() && !lse_written) return gone();
+    return s;
+  };
+  if (out_region_ == nullptr) return write();
+  absl::Status inner;
+  absl::Status outer = out_region_->WriteIfLive([&] { inner = write(); });
+  return outer.ok() ? inner : outer;
+}
+
+absl::Status LayerCall::BeforeRun() {
+  for (const std::shared_ptr<Region>& region : regions_) {
+    if (region->revoked()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("region '", region->name(),
+                       "' was unregistered while the request was queued; "
+                       "nothing was written or stored"));
+    }
+  }
+  for (size_t i = 0; i < pinned_.size(); ++i) {
+    if (absl::Status s = pinned_[i]->Pin(); !s.ok()) {
+      for (size_t j = 0; j < i; ++j) pinned_[j]->Unpin();
       return s;
-    };
-    if (out_region_ == nullptr) return write();
-    absl::Status inner;
-    absl::Status outer = out_region_->WriteIfLive([&] { inner = write(); });
-    return outer.ok() ? inner : outer;
-  };
-}
-
-std::function<absl::Status()> LayerCall::BeforeRun() {
-  if (regions_.empty()) return nullptr;
-  return [this]() -> absl::Status {
-    for (const std::shared_ptr<Region>& region : regions_) {
-      if (region->revoked()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("region '", region->name(),
-                         "' was unregistered while the request was queued; "
-                         "nothing was written or stored"));
-      }
     }
-    for (size_t i = 0; i < pinned_.size(); ++i) {
-      if (absl::Status s = pinned_[i]->Pin(); !s.ok()) {
-        for (size_t j = 0; j < i; ++j) pinned_[j]->Unpin();
-        return s;
-      }
-    }
-    return absl::OkStatus();
-  };
+  }
+  return absl::OkStatus();
 }
 
-std::function<void()> LayerCall::AfterRun() {
-  if (pinned_.empty()) return nullptr;
-  return [this] {
-    for (const Region* region : pinned_) region->Unpin();
-  };
+void LayerCall::AfterRun() {
+  for (const Region* region : pinned_) region->Unpin();
 }
 
-bool LayerCall::Finish(int32_t b, const absl::Status& status) {
-  status_[b] = status;
-  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
-  const v1::BatchInfo* last = nullptr;
+void LayerCall::Done(absl::Span<DecodeItem* const> items, absl::Span<const absl::Status> status) {
+  for (size_t i = 0; i < items.size(); ++i) status_[items[i]->index] = status[i];
+  const auto n = static_cast<int32_t>(items.size());
+  if (remaining_.fetch_sub(n, std::memory_order_acq_rel) != n) return;
+  const BatchInfo* last = nullptr;
   for (int32_t i = 0; i < size(); ++i) {
     response_->add_error_codes(static_cast<int32_t>(status_[i].code()));
     response_->add_error_messages(std::string(status_[i].message()));
-    const v1::DecodeResponse& r = *item_responses_[i];
-    if (status_[i].ok() && r.has_batch() &&
-        (last == nullptr || r.batch().batch_id() > last->batch_id())) {
-      last = &r.batch();
+    if (status_[i].ok() && (last == nullptr || batch_[i].batch_id > last->batch_id)) {
+      last = &batch_[i];
     }
   }
   response_->set_request_id(request_->request_id());
-  if (last != nullptr) *response_->mutable_batch() = *last;
-  return true;
+  if (last != nullptr) {
+    v1::BatchInfo* info = response_->mutable_batch();
+    info->set_batch_id(last->batch_id);
+    info->set_batch_size(last->batch_size);
+    info->set_queue_us(last->queue_us);
+    info->set_compute_us(last->compute_us);
+  }
+  std::shared_ptr<LayerCall> self = std::move(self_);  // freed on return
+  std::function<void(const absl::Status&)> finish = std::move(finish_);
+  finish(absl::OkStatus());
 }
 
 }  // namespace sds::server

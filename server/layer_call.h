@@ -2,11 +2,11 @@
 // turned into the per-item work the batcher runs. Checked once here, at the entry: the
 // packed tensors' dtypes and exact shapes, every region reference (registered by the
 // caller's tenant, inside the region, the size the shape needs, outputs in host memory
-// and overlapping nothing else). Then each item becomes one decode request whose tensor
-// bytes are views into the packed tensors (inline bytes or mapped shared memory), and
-// is admitted, validated (NaN/Inf, index range) and answered on its own, exactly as an
-// item of a DecodeBatch. Outputs are written by the executor through each item's
-// AnswerWriter, into the caller's region or the response.
+// and overlapping nothing else). Then each item becomes one DecodeItem (work.h) whose
+// tensor bytes are views into the packed tensors (inline bytes or mapped shared memory),
+// checked (NaN/Inf, index range), admitted and answered on its own, exactly as an item of
+// a DecodeBatch; the call is the items' DecodeSink: the executor writes each answer
+// through it, into the caller's region or the response.
 #pragma once
 
 #include <array>
@@ -18,7 +18,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "google/protobuf/arena.h"
 #include "server/model_shape.h"
 #include "server/shm_region.h"
 #include "server/tensor_bytes.h"
@@ -33,7 +32,7 @@ struct LayerCallLimits {
   bool device_rows = false;    // the backend reads CUDA regions (Backend::reads_device_rows)
 };
 
-class LayerCall {
+class LayerCall final : public DecodeSink {
  public:
   // Checks `request` (which, with `response`, must outlive the call) and resolves its
   // references in `registry` (may be null when regions are off). INVALID_ARGUMENT for a
@@ -43,25 +42,22 @@ class LayerCall {
       const std::string& tenant, const sparse_decode::v1::DecodeLayerRequest* request,
       sparse_decode::v1::DecodeLayerResponse* response, const ModelShape& model,
       const RegionRegistry* registry, const LayerCallLimits& limits);
-  ~LayerCall();
+  ~LayerCall() override;
 
   int32_t size() const { return static_cast<int32_t>(items_.size()); }
-  // Item b as a decode request: its metadata (tensor data empty), views of its bytes,
-  // the response whose request_id and batch the executor fills, and its writer.
-  const sparse_decode::v1::DecodeRequest* item(int32_t b) const { return items_[b]; }
-  const DecodeTensorBytes& bytes(int32_t b) const { return bytes_[b]; }
-  sparse_decode::v1::DecodeResponse* item_response(int32_t b) { return item_responses_[b]; }
-  AnswerWriter Writer(int32_t b);
-  // DecodeWork::before_run / after_run of every item, null when the call references no
-  // region: fail an item whose regions were unregistered while it was queued, and pin
-  // the CUDA regions the device writes its answer into during the run.
-  std::function<absl::Status()> BeforeRun();
-  std::function<void()> AfterRun();
-
-  // Records item b's outcome; true for the last item of the call, after which the
-  // response is complete (codes, messages, the last batch's BatchInfo).
-  bool Finish(int32_t b, const absl::Status& status);
-  // After the last Finish: fn(code, items) for every code the items ended with.
+  // Item b (index b, key set): its fields and views of its bytes; checked by Check(b).
+  DecodeItem* item(int32_t b) { return &items_[b]; }
+  // The checks of item b beyond the call's: its sequence id, position, and on the host
+  // its values (NaN/Inf, index range).
+  absl::Status Check(int32_t b) const;
+  // Called with the call's outcome once every item is done; `self` keeps the call alive
+  // until then (the batcher holds only pointers into it).
+  void FinishWith(std::function<void(const absl::Status&)> finish,
+                  std::shared_ptr<LayerCall> self) {
+    finish_ = std::move(finish);
+    self_ = std::move(self);
+  }
+  // After every item is done: fn(code, items) for every code the items ended with.
   template <typename Fn>
   void ForEachCode(Fn&& fn) const {
     std::array<int32_t, 17> counts{};  // OK .. UNAUTHENTICATED; others as UNKNOWN
@@ -72,6 +68,17 @@ class LayerCall {
     for (int code = 0; code < 17; ++code)
       if (counts[code] > 0) fn(static_cast<absl::StatusCode>(code), counts[code]);
   }
+
+  // DecodeSink. BeforeRun fails a unit whose regions were unregistered while it was
+  // queued and pins the CUDA regions the device writes its answers into during the run;
+  // AfterRun unpins them. Write delivers an answer into the caller's region or the
+  // response; Done records outcomes, and the last one completes the response (codes,
+  // messages, the last batch's BatchInfo) and calls `finish`.
+  absl::Status BeforeRun() override;
+  void AfterRun() override;
+  absl::Status Write(int32_t index, const BatchInfo& batch, const uint16_t* out,
+                     const float* lse) override;
+  void Done(absl::Span<DecodeItem* const> items, absl::Span<const absl::Status> status) override;
 
  private:
   LayerCall() = default;
@@ -93,10 +100,8 @@ class LayerCall {
   const sparse_decode::v1::DecodeLayerRequest* request_ = nullptr;
   sparse_decode::v1::DecodeLayerResponse* response_ = nullptr;
   ModelShape model_;
-  google::protobuf::Arena arena_;
-  std::vector<sparse_decode::v1::DecodeRequest*> items_;            // [B], in arena_
-  std::vector<sparse_decode::v1::DecodeResponse*> item_responses_;  // [B], in arena_
-  std::vector<DecodeTensorBytes> bytes_;                            // [B]
+  std::vector<DecodeItem> items_;  // [B]
+  std::vector<BatchInfo> batch_;   // [B]: the batch that answered each item
   // The regions the call references, each held (and counted in flight) until the call
   // is destroyed; a revoked one fails the items not yet written.
   std::vector<std::shared_ptr<Region>> regions_;
@@ -117,6 +122,8 @@ class LayerCall {
   std::vector<const Region*> pinned_;     // CUDA regions written by the device
   std::vector<absl::Status> status_;      // [B]
   std::atomic<int32_t> remaining_{0};
+  std::function<void(const absl::Status&)> finish_;
+  std::shared_ptr<LayerCall> self_;
 };
 
 }  // namespace sds::server

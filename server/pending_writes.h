@@ -15,7 +15,9 @@
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "paged_cache/paged_kv_cache.h"
+#include "server/work.h"
 
 namespace sds::server {
 
@@ -30,6 +32,14 @@ class PendingWrites {
                           uint64_t* incarnation = nullptr) const;
   void Add(const std::string& key, int32_t layer, int64_t tokens);
   void Remove(const std::string& key, int32_t layer, int64_t tokens);
+  // Admits a unit's items in one step, under one lock: each item's position is checked
+  // as CheckStart does (counting the unit's earlier items of the same (sequence, layer)
+  // as queued), then counted as one queued token. status[i] is items[i]'s verdict; an
+  // item that fails is not counted, and its incarnation is left as it was.
+  void CheckAndAddItems(const PagedKvCache& cache, absl::Span<DecodeItem* const> items,
+                        absl::Span<absl::Status> status);
+  // One queued token of each item gone (the unit was answered).
+  void RemoveItems(absl::Span<DecodeItem* const> items);
 
  private:
   // (sequence key, layer), looked up without copying the key: every decode request

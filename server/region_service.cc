@@ -113,36 +113,35 @@ void DecodeServiceImpl::RunLayerCall(const std::string& tenant,
     return finish(planned.status());
   }
   std::shared_ptr<LayerCall> call = *std::move(planned);
-  const int32_t n = call->size();
-  std::vector<DecodeWork> works;
-  works.reserve(n);
+  LayerCall* sink = call.get();
+  sink->FinishWith(
+      [this, sink, finish](const absl::Status& s) {
+        // The call's items, counted once per code: a lock per call, not per item.
+        sink->ForEachCode([this](absl::StatusCode code, int32_t count) {
+          metrics_->CountRequests(kDecodeLayerRpc, code, static_cast<uint64_t>(count));
+        });
+        finish(s);
+      },
+      call);
+  call.reset();  // the call keeps itself until its last item is done
+  const int32_t n = sink->size();
+  std::vector<DecodeItem*> valid;
+  std::vector<DecodeItem*> invalid;
+  std::vector<absl::Status> invalid_status;
+  valid.reserve(n);
   for (int32_t b = 0; b < n; ++b) {
-    auto done = [this, call, b, finish](const absl::Status& s) {
-      if (!call->Finish(b, s)) return;
-      // The call's items, counted once per code: a lock per call, not per item.
-      call->ForEachCode([this](absl::StatusCode code, int32_t count) {
-        metrics_->CountRequests(kDecodeLayerRpc, code, static_cast<uint64_t>(count));
-      });
-      finish(absl::OkStatus());
-    };
-    DecodeWork work;
-    absl::Status s;
-    try {
-      s = admission_.Prepare(tenant, call->item(b), call->bytes(b), call->item_response(b),
-                             /*encoded=*/nullptr, deadline, cancelled, done, &work);
-    } catch (const std::exception& e) {  // bad_alloc: this item fails alone
-      s = absl::InternalError(absl::StrCat("internal error while queueing: ", e.what()));
-    }
+    absl::Status s = sink->Check(b);
     if (s.ok()) {
-      work.write_answer = call->Writer(b);
-      work.before_run = call->BeforeRun();
-      work.after_run = call->AfterRun();
-      works.push_back(std::move(work));
+      valid.push_back(sink->item(b));
     } else {
-      done(s);
+      invalid.push_back(sink->item(b));
+      invalid_status.push_back(std::move(s));
     }
   }
-  admission_.SubmitAll(std::move(works));
+  // Every item is answered through the call's Done (those that failed their checks here
+  // at once); the valid ones are queued in one step.
+  if (!invalid.empty()) sink->Done(invalid, invalid_status);
+  admission_.Submit(valid, sink, deadline, cancelled);
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeLayer(grpc::CallbackServerContext* context,

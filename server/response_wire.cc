@@ -174,4 +174,23 @@ absl::StatusOr<grpc::ByteBuffer> DecodeBatchReply(const v1::DecodeBatchResponse&
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+void AnswerEncoder::Encode(uint64_t request_id, const BatchInfo& batch, const uint16_t* out,
+                           const float* lse, EncodedResponse* encoded) const {
+  // The small fields only, in a message kept per thread: its BatchInfo is allocated once.
+  thread_local v1::DecodeResponse fields;
+  fields.set_request_id(request_id);
+  v1::BatchInfo* info = fields.mutable_batch();
+  info->set_batch_id(batch.batch_id);
+  info->set_batch_size(batch.batch_size);
+  info->set_queue_us(batch.queue_us);
+  info->set_compute_us(batch.compute_us);
+  const size_t out_bytes = static_cast<size_t>(out_shape_[0] * out_shape_[1]) * 2;
+  const size_t lse_bytes = static_cast<size_t>(lse_shape_[0]) * 4;
+  const TensorView out_view{v1::BF16, out_shape_,
+                            absl::string_view(reinterpret_cast<const char*>(out), out_bytes)};
+  const TensorView lse_view{v1::FP32, lse_shape_,
+                            absl::string_view(reinterpret_cast<const char*>(lse), lse_bytes)};
+  EncodeDecodeResponse(fields, &out_view, lse != nullptr ? &lse_view : nullptr, encoded);
+}
+
 }  // namespace sds::server

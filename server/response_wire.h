@@ -18,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "server/model_shape.h"
+#include "server/work.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
@@ -52,6 +54,21 @@ uint8_t* WriteDecodeResponse(const sparse_decode::v1::DecodeResponse& fields, co
 // encoded->batch_item.
 void EncodeDecodeResponse(const sparse_decode::v1::DecodeResponse& fields, const TensorView* out,
                           const TensorView* lse, EncodedResponse* encoded);
+
+// A decode item's answer as the bytes path sends it (DecodeSink::Write of Decode,
+// DecodeBatch and DecodeStream): request_id, the batch's BatchInfo, out [Hq, D] bf16 and,
+// when `lse` is not null, lse [Hq] f32, read straight from the executor's rows.
+class AnswerEncoder {
+ public:
+  explicit AnswerEncoder(const ModelShape& model)
+      : out_shape_{model.num_q_heads, model.head_dim}, lse_shape_{model.num_q_heads} {}
+  void Encode(uint64_t request_id, const BatchInfo& batch, const uint16_t* out, const float* lse,
+              EncodedResponse* encoded) const;
+
+ private:
+  int64_t out_shape_[2];  // [Hq, D]
+  int64_t lse_shape_[1];  // [Hq]
+};
 
 // The reply of one decode answered OK (a Decode call, a DecodeStream message): the
 // executor's encoded answer, referenced, not copied. INTERNAL when there is none (a bug:

@@ -22,18 +22,6 @@ Clock::time_point DeadlineOf(const grpc::CallbackServerContext& context) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
 }
 
-absl::Status ForCaller(const absl::Status& status, const std::string& key,
-                       const std::string& sequence_id) {
-  if (status.ok()) return status;
-  if (status.code() == absl::StatusCode::kNotFound) {
-    return absl::NotFoundError(absl::StrCat("sequence '", sequence_id,
-                                            "' not found (released, or never created by this "
-                                            "tenant)"));
-  }
-  std::string message = absl::StrReplaceAll(status.message(), {{key, sequence_id}});
-  return absl::Status(status.code(), message);
-}
-
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }

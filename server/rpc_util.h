@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "server/caller_status.h"
 #include "server/work.h"
 
 namespace grpc {
@@ -19,12 +20,6 @@ grpc::Status ToGrpc(const absl::Status& status);
 
 // The call's deadline on the steady clock (max() when the client set none).
 Clock::time_point DeadlineOf(const grpc::CallbackServerContext& context);
-
-// The cache reports errors with the internal tenant-qualified key; callers know the
-// sequence by its own id. Replaces the key with the id in the message, keeps the code;
-// NOT_FOUND gets one standard message.
-absl::Status ForCaller(const absl::Status& status, const std::string& key,
-                       const std::string& sequence_id);
 
 double SecondsSince(Clock::time_point start);
 

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "server/auth.h"
 #include "server/response_wire.h"
+#include "server/validate.h"
 #include "sparse_decode/v1/decode.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -47,14 +48,30 @@ double Pattern(int64_t t, int32_t j, int32_t d) {
 }
 
 // Everything a call needs, shared with the completion callback so a timed-out
-// wait never leaves a dangling reference.
-struct Pending {
+// wait never leaves a dangling reference. It is the decode's sink: its answer is
+// encoded as the bytes path's RPCs encode theirs.
+struct Pending final : DecodeSink {
+  explicit Pending(const ModelShape& model) : encoder(model) {}
+  absl::Status Write(int32_t, const BatchInfo& batch, const uint16_t* out,
+                     const float* lse) override {
+    encoder.Encode(decode.request_id(), batch, out, lse, &encoded);
+    return absl::OkStatus();
+  }
+  void Done(absl::Span<DecodeItem* const>, absl::Span<const absl::Status> result) override {
+    std::shared_ptr<Pending> keep = std::move(self);  // a timed-out wait let go of it
+    status = result[0];
+    done.Notify();
+  }
+
+  AnswerEncoder encoder;
   v1::AppendKVRequest append;
   v1::DecodeRequest decode;
+  DecodeItem item;
   v1::DecodeResponse response;
   EncodedResponse encoded;  // the decode's answer, as the RPCs get it
   absl::Status status;
   absl::Notification done;
+  std::shared_ptr<Pending> self;  // held by the batcher's unit until Done
 };
 
 absl::Status Wait(const std::shared_ptr<Pending>& p, const char* what) {
@@ -98,14 +115,18 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
   if (absl::Status s = cache.CreateSequence(key, 0); !s.ok()) return s;
   absl::Status result = [&]() -> absl::Status {
     if (tokens > 1) {  // prefill positions 0 .. tokens-2
-      auto p = std::make_shared<Pending>();
+      auto p = std::make_shared<Pending>(m);
       p->append.set_sequence_id("self-test");
       p->append.set_layer(layer);
       SetBf16(p->append.mutable_k(), {tokens - 1, hkv, d}, kv_values(0, tokens - 1, k_scale));
       SetBf16(p->append.mutable_v(), {tokens - 1, hkv, d}, kv_values(0, tokens - 1, v_scale));
       AppendWork work;
-      work.request = &p->append;
       work.key = key;
+      work.sequence_id = p->append.sequence_id();
+      work.layer = layer;
+      work.num_tokens = tokens - 1;
+      work.k = p->append.k().data().data();
+      work.v = p->append.v().data().data();
       work.done = [p](const absl::StatusOr<int64_t>& length) {
         p->status = length.status();
         p->done.Notify();
@@ -114,7 +135,7 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
       if (absl::Status s = Wait(p, "prefill"); !s.ok()) return s;
     }
     // Decode the last position, attending to every token (and one skipped index).
-    auto p = std::make_shared<Pending>();
+    auto p = std::make_shared<Pending>(m);
     v1::DecodeRequest& req = p->decode;
     req.set_sequence_id("self-test");
     req.set_layer(layer);
@@ -138,17 +159,19 @@ absl::Status CheckLayer(Batcher& batcher, PagedKvCache& cache, const ModelShape&
     idx->add_shape(static_cast<int64_t>(indices.size()));
     idx->set_data(indices.data(), indices.size() * 4);
 
+    if (absl::Status s = ValidateDecode(p->decode, DecodeBytesOf(p->decode), m, &p->item);
+        !s.ok()) {
+      return s;
+    }
+    p->item.key = key;
     DecodeWork work;
-    work.request = &p->decode;
-    work.bytes = DecodeTensorBytes::Of(p->decode);
-    work.response = &p->response;
-    work.encoded = &p->encoded;
-    work.key = key;
-    work.done = [p](const absl::Status& s) {
-      p->status = s;
-      p->done.Notify();
-    };
-    if (absl::Status s = batcher.SubmitDecode(std::move(work)); !s.ok()) return s;
+    work.items.push_back(&p->item);
+    work.sink = p.get();
+    p->self = p;
+    if (absl::Status s = batcher.SubmitDecode(std::move(work)); !s.ok()) {
+      p->self.reset();
+      return s;
+    }
     // A batch closes at the first non-decode entry behind it (queue order is kept), so
     // a no-op control entry runs this decode now instead of after --max_queue_delay_us
     // (start-up took twice that; tests run with delays of seconds).

@@ -35,6 +35,100 @@ size_t DecodeCallBytes(const ModelShape& m) {
   return 3 * q + 2 * kv + indices + size_t{4} * m.num_q_heads + 2048;
 }
 
+// A Decode call as the batcher sees it: its one item, and its answer encoded into the
+// reply straight from the executor's rows. Keeps itself alive until its item is done.
+class UnaryDecodeCall final : public DecodeSink {
+ public:
+  UnaryDecodeCall(size_t arena_bytes, const AnswerEncoder* encoder, grpc::ByteBuffer* reply,
+                  Finisher finished)
+      : raw(arena_bytes), encoder_(encoder), reply_(reply), finished_(std::move(finished)) {}
+
+  absl::Status Write(int32_t, const BatchInfo& batch, const uint16_t* out,
+                     const float* lse) override {
+    encoder_->Encode(raw.request()->request_id(), batch, out, lse, raw.encoded(0));
+    return absl::OkStatus();
+  }
+  void Done(absl::Span<DecodeItem* const>, absl::Span<const absl::Status> status) override {
+    std::shared_ptr<UnaryDecodeCall> self = std::move(self_);  // freed on return
+    finished_(status[0].ok() ? raw.Reply(reply_) : status[0]);
+  }
+  void KeepUntilDone(std::shared_ptr<UnaryDecodeCall> self) { self_ = std::move(self); }
+
+  RawCall<v1::DecodeRequest, v1::DecodeResponse> raw;
+  DecodeItem item;
+
+ private:
+  const AnswerEncoder* encoder_;
+  grpc::ByteBuffer* reply_;
+  Finisher finished_;
+  std::shared_ptr<UnaryDecodeCall> self_;
+};
+
+// A DecodeBatch call: its items, each answered in its own slot of the reply (encoded
+// from the executor's rows, or the item's error), the reply sent when the last is done.
+class BatchDecodeCall final : public DecodeSink {
+ public:
+  BatchDecodeCall(size_t arena_bytes, const AnswerEncoder* encoder, Metrics* metrics,
+                  grpc::ByteBuffer* reply, Finisher finished)
+      : raw(arena_bytes),
+        encoder_(encoder),
+        metrics_(metrics),
+        reply_(reply),
+        finished_(std::move(finished)) {}
+
+  // After Parse: every item and response slot exists before the first can complete.
+  void Prepare() {
+    const int n = raw.request()->requests_size();
+    items.resize(n);
+    for (int i = 0; i < n; ++i) raw.response()->add_responses();
+    remaining_.store(n);
+  }
+  absl::Status Write(int32_t index, const BatchInfo& batch, const uint16_t* out,
+                     const float* lse) override {
+    encoder_->Encode(raw.request()->requests(index).request_id(), batch, out, lse,
+                     raw.encoded(index));
+    return absl::OkStatus();
+  }
+  void Done(absl::Span<DecodeItem* const> done, absl::Span<const absl::Status> status) override {
+    for (size_t i = 0; i < done.size(); ++i) {
+      if (status[i].ok()) continue;
+      const int index = done[i]->index;
+      raw.encoded(index)->bytes = grpc::Slice();  // the typed error answer goes out instead
+      v1::DecodeResponse* slot = raw.response()->mutable_responses(index);
+      slot->Clear();
+      slot->set_request_id(raw.request()->requests(index).request_id());
+      slot->set_error_code(static_cast<int32_t>(status[i].code()));
+      slot->set_error_message(std::string(status[i].message()));
+    }
+    CountCodes(status);
+    if (remaining_.fetch_sub(static_cast<int>(done.size())) == static_cast<int>(done.size())) {
+      std::shared_ptr<BatchDecodeCall> self = std::move(self_);  // freed on return
+      finished_(raw.Reply(reply_));
+    }
+  }
+  void KeepUntilDone(std::shared_ptr<BatchDecodeCall> self) { self_ = std::move(self); }
+
+  RawCall<v1::DecodeBatchRequest, v1::DecodeBatchResponse> raw;
+  std::vector<DecodeItem> items;
+
+ private:
+  // Items counted once per code and completion: a metrics lock per unit, not per item.
+  void CountCodes(absl::Span<const absl::Status> status) {
+    size_t ok = 0;
+    for (const absl::Status& s : status) ok += s.ok() ? 1 : 0;
+    if (ok > 0) metrics_->CountRequests(kDecodeBatchRpc, absl::StatusCode::kOk, ok);
+    for (const absl::Status& s : status)
+      if (!s.ok()) metrics_->CountRequest(kDecodeBatchRpc, s.code());
+  }
+
+  const AnswerEncoder* encoder_;
+  Metrics* metrics_;
+  grpc::ByteBuffer* reply_;
+  Finisher finished_;
+  std::atomic<int> remaining_{0};
+  std::shared_ptr<BatchDecodeCall> self_;
+};
+
 absl::Status NotFound(const std::string& sequence_id) {
   return absl::NotFoundError(
       absl::StrCat("sequence '", sequence_id, "' not found; call CreateSequence first"));
@@ -49,7 +143,8 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
       batcher_(batcher),
       metrics_(metrics),
       regions_(config_.region_limits),
-      admission_(batcher, &backend->cache(), &pending_, config_.model) {
+      encoder_(config_.model),
+      admission_(batcher, &backend->cache(), &pending_) {
   if (config_.answer_threads > 0)
     answer_pool_ = std::make_unique<TaskPool>(config_.answer_threads, "sds-answer");
 }
@@ -121,10 +216,15 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::AppendKV(grpc::CallbackServerContex
           v1::AppendKVResponse* response, const auto& finish) {
         if (absl::Status s = ValidateAppend(request, config_.model); !s.ok()) return finish(s);
         AppendWork work;
-        work.request = &request;
         work.key = SequenceKey(tenant, request.sequence_id());
+        work.sequence_id = request.sequence_id();
         const int32_t layer = request.layer();
         const int64_t n = request.k().shape(0);
+        work.layer = layer;
+        work.start_position = request.start_position();
+        work.num_tokens = n;
+        work.k = request.k().data().data();
+        work.v = request.v().data().data();
         if (absl::Status s =
                 pending_.CheckStart(backend_->cache(), work.key, layer, request.start_position(),
                                     request.sequence_id(), &work.incarnation);
@@ -156,21 +256,26 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext*
   return Serve(
       context, metrics_, "Decode", Admit(*context),
       [&](const std::string& tenant, const Finisher& finished) {
-        auto call = std::make_shared<RawCall<v1::DecodeRequest, v1::DecodeResponse>>(
-            DecodeCallBytes(config_.model));
-        if (absl::Status s = call->Parse(*wire); !s.ok()) return finished(s);
-        auto finish = [finished, call, reply](const absl::Status& s) {
-          finished(s.ok() ? call->Reply(reply) : s);
-        };
+        auto call = std::make_shared<UnaryDecodeCall>(DecodeCallBytes(config_.model), &encoder_,
+                                                      reply, finished);
+        absl::Status s = call->raw.Parse(*wire);
+        if (s.ok()) {
+          s = ValidateDecode(*call->raw.request(), call->raw.bytes(0), config_.model, &call->item);
+        }
+        if (!s.ok()) return finished(s);
+        call->item.key = SequenceKey(tenant, call->item.sequence_id);
+        call->KeepUntilDone(call);
         // An idle batcher may leave the batch to this thread
         // (--inline_idle_batches): it runs when `run` does.
         Batcher::SubmitterRun run;
-        absl::Status s = admission_.Submit(
-            tenant, call->request(), call->bytes(0), call->response(), call->encoded(0),
-            DeadlineOf(*context), [context] { return context->IsCancelled(); }, finish, &run);
-        if (!s.ok()) return finish(s);
-        // The request is queued and `finish` belongs to it now: an exception
-        // reaching Serve would finish the call a second time.
+        DecodeItem* item = &call->item;
+        UnaryDecodeCall* sink = call.get();
+        call.reset();  // the call keeps itself until its item is done
+        admission_.Submit(
+            {&item, 1}, sink, DeadlineOf(*context), [context] { return context->IsCancelled(); },
+            &run);
+        // The request is answered through the call now: an exception reaching Serve
+        // would finish the call a second time.
         try {
           run.Run();
         } catch (const std::exception& e) {
@@ -185,19 +290,15 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
   return Serve(
       context, metrics_, kDecodeBatchRpc, Admit(*context),
       [&](const std::string& tenant, const Finisher& finished) {
-        auto call = std::make_shared<RawCall<v1::DecodeBatchRequest, v1::DecodeBatchResponse>>(
-            8 * DecodeCallBytes(config_.model));
-        if (absl::Status s = call->Parse(*wire, config_.max_decode_batch_items); !s.ok()) {
+        auto call = std::make_shared<BatchDecodeCall>(8 * DecodeCallBytes(config_.model), &encoder_,
+                                                      metrics_, reply, finished);
+        if (absl::Status s = call->raw.Parse(*wire, config_.max_decode_batch_items); !s.ok()) {
           metrics_->CountRequest(kDecodeBatchRpc, s.code());  // no item to count it
           return finished(s);
         }
-        auto finish = [finished, call, reply](const absl::Status& s) {
-          finished(s.ok() ? call->Reply(reply) : s);
-        };
-        const v1::DecodeBatchRequest& request = *call->request();
-        v1::DecodeBatchResponse* response = call->response();
+        const v1::DecodeBatchRequest& request = *call->raw.request();
         const int n = request.requests_size();
-        if (n == 0) return finish(absl::OkStatus());
+        if (n == 0) return finished(call->raw.Reply(reply));
         // Its items are checked and staged before the batch runs: time for the backend's
         // idle threads to wake (--cpu_prewake_us). Rows: K (the indices' last dimension,
         // either form; not checked yet, so clamped to [0, max_topk]) x Hkv per request.
@@ -210,45 +311,33 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
           gathered_rows += k * config_.model.num_kv_heads;
         }
         backend_->Prewake(gathered_rows);
-        // Every response slot exists before the first item can complete.
-        for (int i = 0; i < n; ++i) response->add_responses();
-        auto remaining = std::make_shared<std::atomic<int>>(n);
-        const Clock::time_point deadline = DeadlineOf(*context);
-        // All items are queued in one step, so that (with --eager_batching) an idle
-        // backend does not start on the first items while the rest are still checked.
-        std::vector<DecodeWork> works;
-        works.reserve(n);
+        call->Prepare();
+        call->KeepUntilDone(call);
+        BatchDecodeCall* sink = call.get();
+        // Checked first, every item; the valid ones are queued in one step, so that (with
+        // --eager_batching) an idle backend does not start on the first items while the
+        // rest are still checked.
+        std::vector<DecodeItem*> valid;
+        std::vector<DecodeItem*> invalid;
+        std::vector<absl::Status> invalid_status;
+        valid.reserve(n);
         for (int i = 0; i < n; ++i) {
-          const v1::DecodeRequest* item = &request.requests(i);
-          v1::DecodeResponse* slot = response->mutable_responses(i);
-          EncodedResponse* encoded = call->encoded(i);
-          auto done = [this, finish, remaining, item, slot, encoded](const absl::Status& s) {
-            if (!s.ok()) {
-              encoded->bytes = grpc::Slice();  // the typed error answer goes out instead
-              slot->Clear();
-              slot->set_request_id(item->request_id());
-              slot->set_error_code(static_cast<int32_t>(s.code()));
-              slot->set_error_message(std::string(s.message()));
-            }
-            metrics_->CountRequest(kDecodeBatchRpc, s.code());
-            if (remaining->fetch_sub(1) == 1) finish(absl::OkStatus());
-          };
-          DecodeWork work;
-          absl::Status s;
-          try {
-            s = admission_.Prepare(
-                tenant, item, call->bytes(i), slot, call->encoded(i), deadline,
-                [context] { return context->IsCancelled(); }, done, &work);
-          } catch (const std::exception& e) {  // bad_alloc: this item fails alone
-            s = absl::InternalError(absl::StrCat("internal error while queueing: ", e.what()));
-          }
+          DecodeItem& item = sink->items[i];
+          item.index = i;
+          absl::Status s =
+              ValidateDecode(request.requests(i), sink->raw.bytes(i), config_.model, &item);
           if (s.ok()) {
-            works.push_back(std::move(work));
+            item.key = SequenceKey(tenant, item.sequence_id);
+            valid.push_back(&item);
           } else {
-            done(s);
+            invalid.push_back(&item);
+            invalid_status.push_back(std::move(s));
           }
         }
-        admission_.SubmitAll(std::move(works));
+        call.reset();  // the call keeps itself until its last item is done
+        if (!invalid.empty()) sink->Done(invalid, invalid_status);
+        admission_.Submit(valid, sink, DeadlineOf(*context),
+                          [context] { return context->IsCancelled(); });
       },
       /*count_rpc=*/false);
 }
@@ -257,6 +346,8 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::
     grpc::CallbackServerContext* context) {
   DecodeStreamReactor::Env env;
   env.admission = &admission_;
+  env.encoder = &encoder_;
+  env.model = &config_.model;
   env.metrics = metrics_;
   env.draining = &draining_;
   env.call_bytes = DecodeCallBytes(config_.model);

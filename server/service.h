@@ -17,6 +17,7 @@
 #include "server/metrics.h"
 #include "server/model_shape.h"
 #include "server/pending_writes.h"
+#include "server/response_wire.h"
 #include "server/shm_region.h"
 #include "server/task_pool.h"
 #include "sparse_decode/v1/decode.grpc.pb.h"
@@ -140,7 +141,8 @@ class DecodeServiceImpl final : public DecodeServiceBase {
   Backend* const backend_;
   Batcher* const batcher_;
   Metrics* const metrics_;
-  PendingWrites pending_;  // before admission_, which points to it
+  PendingWrites pending_;        // before admission_, which points to it
+  const AnswerEncoder encoder_;  // the bytes path's answers (response_wire.h)
   RegionRegistry regions_;
   const DecodeAdmission admission_;
   // Writes DecodeStream answers of multi-request batches (null with answer_threads 0).

@@ -6,7 +6,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/sigbus_guard.h"
-#include "server/validate.h"
 
 namespace sds::server {
 namespace {
@@ -36,11 +35,7 @@ class Carver {
 }  // namespace
 
 StagingBuffer::StagingBuffer(Backend* backend, const ModelShape& model, int32_t max_batch_size)
-    : backend_(backend),
-      model_(model),
-      out_shape_{model.num_q_heads, model.head_dim},
-      lse_shape_{model.num_q_heads},
-      max_batch_(max_batch_size) {
+    : backend_(backend), model_(model), max_batch_(max_batch_size) {
   index_stride_ = static_cast<int64_t>(model.num_kv_heads) * model.max_topk;
 }
 
@@ -114,8 +109,8 @@ int64_t StagingBuffer::IndexSlots(const DecodeTensorBytes& bytes) {
   return static_cast<int64_t>(AlignUp(count, kIndexAlign));
 }
 
-void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
-                            const DecodeTensorBytes& bytes) {
+void StagingBuffer::FillRow(int32_t row, const DecodeItem& item) {
+  const DecodeTensorBytes& bytes = item.bytes;
   const int64_t q_row = static_cast<int64_t>(model_.num_q_heads) * model_.head_dim;
   const int64_t kv_row = static_cast<int64_t>(model_.num_kv_heads) * model_.head_dim;
   // Validated sizes: q and gate [Hq, D], k and v [Hkv, D], indices K or Hkv * K int32.
@@ -133,13 +128,10 @@ void StagingBuffer::FillRow(int32_t row, const sparse_decode::v1::DecodeRequest&
     });
     fill_failed_[row] = copied ? 0 : 1;
   }
-  const sparse_decode::v1::Tensor& indices = request.indices();
-  const bool per_head = IndicesPerKvHead(indices);
-  const int32_t k = static_cast<int32_t>(per_head ? indices.shape(1) : indices.shape(0));
-  layer_[row] = request.layer();
-  append_layer_[row] = request.layer();
-  topk_[row] = k;
-  indices_per_kv_head_[row] = per_head ? 1 : 0;
+  layer_[row] = item.layer;
+  append_layer_[row] = item.layer;
+  topk_[row] = item.topk;
+  indices_per_kv_head_[row] = item.indices_per_kv_head ? 1 : 0;
 }
 
 void StagingBuffer::MoveRow(int32_t dst, int32_t src) {
@@ -195,18 +187,6 @@ const uint16_t* StagingBuffer::out_row(int32_t row) const {
 
 const float* StagingBuffer::lse_row(int32_t row) const {
   return lse_ + static_cast<int64_t>(row) * model_.num_q_heads;
-}
-
-void StagingBuffer::EncodeAnswer(int32_t row, bool with_lse,
-                                 const sparse_decode::v1::DecodeResponse& fields,
-                                 EncodedResponse* encoded) const {
-  const size_t out_bytes = static_cast<size_t>(model_.num_q_heads) * model_.head_dim * 2;
-  const size_t lse_bytes = static_cast<size_t>(model_.num_q_heads) * 4;
-  const TensorView out{sparse_decode::v1::BF16, out_shape_,
-                       absl::string_view(reinterpret_cast<const char*>(out_row(row)), out_bytes)};
-  const TensorView lse{sparse_decode::v1::FP32, lse_shape_,
-                       absl::string_view(reinterpret_cast<const char*>(lse_row(row)), lse_bytes)};
-  EncodeDecodeResponse(fields, &out, with_lse ? &lse : nullptr, encoded);
 }
 
 }  // namespace sds::server

@@ -1,7 +1,7 @@
 // Host staging buffers of one decode batch, allocated through Backend::AllocateStaging
-// (pinned on CUDA). The assembler copies request tensors straight from the protobuf
-// bytes into a row; the executor fills the cache metadata (slots, page tables) and
-// hands the pointers to the backend.
+// (pinned on CUDA). The assembler copies each item's tensors straight from where its
+// call received them (wire slices or shared memory) into a row; the executor fills the
+// cache metadata (slots, page tables) and hands the pointers to the backend.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +10,8 @@
 #include "absl/status/statusor.h"
 #include "server/backend.h"
 #include "server/model_shape.h"
-#include "server/response_wire.h"
 #include "server/tensor_bytes.h"
-#include "sparse_decode/v1/decode.pb.h"
+#include "server/work.h"
 
 namespace sds::server {
 
@@ -42,11 +41,9 @@ class StagingBuffer {
       at += IndexSlots(bytes_of(row));
     }
   }
-  // Copies q, gate, k, v and the indices of a validated request into row `row`: the
-  // data from `bytes` (tensor_bytes.h), the shapes from `request`; its index list to
-  // where PlanIndices placed it. Rows may be filled on several threads at once.
-  void FillRow(int32_t row, const sparse_decode::v1::DecodeRequest& request,
-               const DecodeTensorBytes& bytes);
+  // Copies q, gate, k, v and the indices of a checked item into row `row`; its index
+  // list to where PlanIndices placed it. Rows may be filled on several threads at once.
+  void FillRow(int32_t row, const DecodeItem& item);
   // Moves row `src` to row `dst` (dst < src) to close the gap of a failed request.
   void MoveRow(int32_t dst, int32_t src);
   // Makes room for `count` page ids; may reallocate page_table, keeping its entries.
@@ -65,12 +62,6 @@ class StagingBuffer {
   // Whether row `row` had its tensors on the device, answered there when its source has
   // an `out` (DeviceRowSource).
   const DeviceRowSource& device_row(int32_t row) const { return device_rows_[row]; }
-  // The answer of row `row` into `encoded` (response_wire.h): `fields` (request_id,
-  // batch) with out [Hq, D] bf16 and, when `with_lse`, lse [Hq] f32 read straight from
-  // the row.
-  void EncodeAnswer(int32_t row, bool with_lse, const sparse_decode::v1::DecodeResponse& fields,
-                    EncodedResponse* encoded) const;
-
   int32_t* append_layer() { return append_layer_; }
   int64_t* slot() { return slot_; }
   int32_t* page_table() { return page_table_; }
@@ -82,8 +73,6 @@ class StagingBuffer {
 
   Backend* backend_;
   ModelShape model_;
-  int64_t out_shape_[2];  // [Hq, D], for the answers' tensor views
-  int64_t lse_shape_[1];  // [Hq]
   int32_t max_batch_;
   int64_t index_stride_ = 0;  // Hkv * max_topk: the most indices a row can have
   void* block_ = nullptr;

@@ -3,8 +3,10 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "server/auth.h"
 #include "server/raw_call.h"
 #include "server/rpc_util.h"
+#include "server/validate.h"
 #include "spdlog/spdlog.h"
 
 namespace sds::server {
@@ -39,9 +41,21 @@ google::protobuf::ArenaOptions DecodeStreamReactor::Call::Options(char* block, s
   return options;
 }
 
-DecodeStreamReactor::Call::Call(size_t bytes)
-    : block(new char[bytes]), arena(Options(block.get(), bytes)) {
+DecodeStreamReactor::Call::Call(DecodeStreamReactor* stream, size_t bytes)
+    : block(new char[bytes]), arena(Options(block.get(), bytes)), stream_(stream) {
   CreateMessages();
+}
+
+absl::Status DecodeStreamReactor::Call::Write(int32_t, const BatchInfo& batch, const uint16_t* out,
+                                              const float* lse) {
+  batch_size = batch.batch_size;
+  stream_->env_.encoder->Encode(request->request_id(), batch, out, lse, &encoded);
+  return absl::OkStatus();
+}
+
+void DecodeStreamReactor::Call::Done(absl::Span<DecodeItem* const>,
+                                     absl::Span<const absl::Status> status) {
+  stream_->Completed(this, status[0]);
 }
 
 void DecodeStreamReactor::Call::CreateMessages() {
@@ -53,6 +67,8 @@ void DecodeStreamReactor::Call::Reset() {
   received.Clear();
   wire.Clear();
   bytes.Clear();
+  item = DecodeItem();
+  batch_size = 0;
   encoded = EncodedResponse{};
   reply.Clear();
   completed = Clock::time_point{};
@@ -69,7 +85,7 @@ absl::Status DecodeStreamReactor::Call::Parse() {
 
 void DecodeStreamReactor::StartNextReadLocked() {
   if (free_calls_.empty()) {
-    reading_ = std::make_unique<Call>(env_.call_bytes);
+    reading_ = std::make_unique<Call>(this, env_.call_bytes);
   } else {
     reading_ = std::move(free_calls_.back());
     free_calls_.pop_back();
@@ -179,21 +195,23 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
     if (env_.draining->load()) {
       status = absl::UnavailableError("server is draining");
     } else {
-      status = env_.admission->Submit(
-          tenant_, call->request, call->bytes, call->response, &call->encoded,
-          DeadlineOf(*context_), [this] { return context_->IsCancelled(); },
-          [this, call](const absl::Status& s) { Completed(call, s); }, run);
+      status = ValidateDecode(*call->request, call->bytes, *env_.model, &call->item);
     }
+    if (status.ok()) call->item.key = SequenceKey(tenant_, call->item.sequence_id);
   } catch (const std::exception& e) {
     spdlog::error("DecodeStream: exception while submitting: {}", e.what());
     status = absl::InternalError("internal error while queueing the request");
   }
-  if (!status.ok()) Answer(call, status);
+  if (!status.ok()) return Answer(call, status);
+  // Answered through the call's Done from here, a refusal included.
+  DecodeItem* item = &call->item;
+  env_.admission->Submit(
+      {&item, 1}, call, DeadlineOf(*context_), [this] { return context_->IsCancelled(); }, run);
 }
 
 void DecodeStreamReactor::Completed(Call* call, const absl::Status& status) {
   call->completed = Clock::now();
-  if (env_.answer_pool != nullptr && status.ok() && call->response->batch().batch_size() > 1) {
+  if (env_.answer_pool != nullptr && status.ok() && call->batch_size > 1) {
     try {
       // The stream cannot finish before this runs: the request stays pending until
       // Answer, and Finish waits for no pending requests.

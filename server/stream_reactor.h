@@ -21,6 +21,7 @@
 #include "google/protobuf/arena.h"
 #include "server/decode_submit.h"
 #include "server/metrics.h"
+#include "server/model_shape.h"
 #include "server/response_wire.h"
 #include "server/task_pool.h"
 #include "server/tensor_bytes.h"
@@ -33,6 +34,8 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
  public:
   struct Env {
     const DecodeAdmission* admission = nullptr;
+    const AnswerEncoder* encoder = nullptr;  // the answers (response_wire.h)
+    const ModelShape* model = nullptr;       // the requests' checks
     Metrics* metrics = nullptr;
     const std::atomic<bool>* draining = nullptr;
     std::function<void(DecodeStreamReactor*)> on_done;  // called once, before deletion
@@ -58,8 +61,13 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // by resetting the arena, which keeps that block: after warm-up a message costs no
   // allocation. (Clear() on heap messages does not keep capacity: it deletes every
   // Tensor sub-message, so each message cost about 30 mallocs and frees.)
-  struct Call {
-    explicit Call(size_t bytes);
+  // It is also the message's DecodeSink: its answer is encoded from the executor's rows,
+  // and its completion goes to the stream.
+  struct Call final : DecodeSink {
+    Call(DecodeStreamReactor* stream, size_t bytes);
+    absl::Status Write(int32_t index, const BatchInfo& batch, const uint16_t* out,
+                       const float* lse) override;
+    void Done(absl::Span<DecodeItem* const> items, absl::Span<const absl::Status> status) override;
     void Reset();  // fresh, empty messages in the same first block, no slices held
     // Parses `received` into request and bytes (INVALID_ARGUMENT when malformed).
     absl::Status Parse();
@@ -70,13 +78,16 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     WireMessage wire;                                     // its slices, which `bytes` views
     sparse_decode::v1::DecodeRequest* request = nullptr;  // on arena; tensor data in `bytes`
     DecodeTensorBytes bytes;
-    sparse_decode::v1::DecodeResponse* response = nullptr;  // on arena
+    DecodeItem item;                                        // the request as admission takes it
+    sparse_decode::v1::DecodeResponse* response = nullptr;  // on arena: an error answer
+    int32_t batch_size = 0;                                 // of the batch that answered it
     EncodedResponse encoded;  // the executor's answer (response_wire.h), when OK
     grpc::ByteBuffer reply;   // the answer as StartWrite sends it
     Clock::time_point start;
     Clock::time_point completed;  // its batch finished (or it was refused): see OnWriteDone
 
    private:
+    DecodeStreamReactor* stream_;
     static google::protobuf::ArenaOptions Options(char* block, size_t bytes);
     void CreateMessages();
   };

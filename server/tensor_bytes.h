@@ -15,7 +15,6 @@
 
 #include "absl/container/inlined_vector.h"
 #include "kernels/decode_params.h"
-#include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
 
@@ -104,13 +103,6 @@ struct DecodeTensorBytes {
     for (TensorBytes* t : {&q, &k, &v, &gate, &indices}) t->Clear();
     device = nullptr;
     device_index_count = 0;
-  }
-
-  // Views of the request's own data fields (the request must outlive them).
-  static DecodeTensorBytes Of(const sparse_decode::v1::DecodeRequest& request) {
-    return {TensorBytes::Of(request.q().data()), TensorBytes::Of(request.k().data()),
-            TensorBytes::Of(request.v().data()), TensorBytes::Of(request.gate().data()),
-            TensorBytes::Of(request.indices().data())};
   }
 };
 

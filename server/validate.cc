@@ -51,9 +51,9 @@ absl::Status CheckBytes(const char* name, const v1::Tensor& t, const TensorBytes
   return absl::OkStatus();
 }
 
-// bf16 tensor of exactly `shape`, no NaN or Inf.
-absl::Status CheckBf16(const char* name, const v1::Tensor& t, const TensorBytes& data,
-                       absl::Span<const int64_t> shape) {
+// bf16 tensor of exactly `shape` (its values are CheckFinite's).
+absl::Status CheckBf16Shape(const char* name, const v1::Tensor& t, const TensorBytes& data,
+                            absl::Span<const int64_t> shape) {
   if (absl::Status s = CheckDtype(name, t, v1::BF16); !s.ok()) return s;
   if (!std::equal(t.shape().begin(), t.shape().end(), shape.begin(), shape.end())) {
     return Bad(absl::StrCat(name, ": shape must be ", ShapeText(shape), ", got ", ShapeText(t)));
@@ -66,7 +66,11 @@ absl::Status CheckBf16(const char* name, const v1::Tensor& t, const TensorBytes&
       return Bad(absl::StrCat(name, ": shape ", ShapeText(shape), " is too large"));
     }
   }
-  if (absl::Status s = CheckBytes(name, t, data, elements, 2); !s.ok()) return s;
+  return CheckBytes(name, t, data, elements, 2);
+}
+
+// No NaN or Inf among the bf16 values of `data`.
+absl::Status CheckFinite(const char* name, const TensorBytes& data) {
   bool finite = true;
   if (!RunGuarded([&] {
         data.ForEachElementRun(2, [&](const char* run, int64_t count, int64_t) {
@@ -103,8 +107,9 @@ absl::Status CheckLayer(int32_t layer, const ModelShape& model) {
   return absl::OkStatus();
 }
 
-absl::Status CheckIndices(const v1::Tensor& t, const TensorBytes& data, int64_t position,
-                          const ModelShape& model) {
+// [K] or [Hkv, K] int32 within max_topk; sets `topk` and `per_kv_head`.
+absl::Status CheckIndexShape(const v1::Tensor& t, const TensorBytes& data, const ModelShape& model,
+                             int32_t* topk, bool* per_kv_head) {
   if (absl::Status s = CheckDtype("indices", t, v1::INT32); !s.ok()) return s;
   int64_t k = 0;
   if (t.shape_size() == 1) {
@@ -121,6 +126,13 @@ absl::Status CheckIndices(const v1::Tensor& t, const TensorBytes& data, int64_t 
   }
   const int64_t count = t.shape_size() == 1 ? k : k * model.num_kv_heads;
   if (absl::Status s = CheckBytes("indices", t, data, count, 4); !s.ok()) return s;
+  *topk = static_cast<int32_t>(k);
+  *per_kv_head = t.shape_size() == 2;
+  return absl::OkStatus();
+}
+
+// Each index -1 or in [0, position].
+absl::Status CheckIndexValues(const TensorBytes& data, int64_t position) {
   int64_t bad = -1;
   int32_t bad_index = 0;
   const bool readable = RunGuarded([&] {
@@ -193,33 +205,68 @@ bool AllFiniteBf16(const char* bytes, int64_t n) {
   return bad == 0;
 }
 
-absl::Status ValidateSequenceId(const std::string& id, const char* field) {
+absl::Status ValidateSequenceId(absl::string_view id, const char* field) {
   if (id.empty()) return Bad(absl::StrCat(field, " must not be empty"));
   if (id.size() > 1024) return Bad(absl::StrCat(field, " is longer than 1024 bytes"));
   return absl::OkStatus();
 }
 
+DecodeTensorBytes DecodeBytesOf(const v1::DecodeRequest& request) {
+  return {TensorBytes::Of(request.q().data()), TensorBytes::Of(request.k().data()),
+          TensorBytes::Of(request.v().data()), TensorBytes::Of(request.gate().data()),
+          TensorBytes::Of(request.indices().data())};
+}
+
 absl::Status ValidateDecode(const v1::DecodeRequest& request, const ModelShape& model) {
-  return ValidateDecode(request, DecodeTensorBytes::Of(request), model);
+  DecodeItem item;
+  return ValidateDecode(request, DecodeBytesOf(request), model, &item);
 }
 
 absl::Status ValidateDecode(const v1::DecodeRequest& request, const DecodeTensorBytes& bytes,
-                            const ModelShape& model) {
-  if (absl::Status s = ValidateSequenceId(request.sequence_id(), "sequence_id"); !s.ok()) return s;
-  if (absl::Status s = CheckLayer(request.layer(), model); !s.ok()) return s;
-  if (request.position() < 0 || request.position() > INT32_MAX) {
-    return Bad(absl::StrCat("position ", request.position(), " is out of range [0, 2^31)"));
+                            const ModelShape& model, DecodeItem* item) {
+  if (absl::Status s =
+          CheckItemFields(request.sequence_id(), request.layer(), request.position(), model);
+      !s.ok()) {
+    return s;
   }
-  // Tensors on the device: their shapes were checked for the whole call (layer_call.h),
-  // their values are checked on the device by the backend.
-  if (bytes.device != nullptr) return absl::OkStatus();
   const std::array<int64_t, 2> q_shape = {model.num_q_heads, model.head_dim};
   const std::array<int64_t, 2> kv_shape = {model.num_kv_heads, model.head_dim};
-  if (absl::Status s = CheckBf16("q", request.q(), bytes.q, q_shape); !s.ok()) return s;
-  if (absl::Status s = CheckBf16("k", request.k(), bytes.k, kv_shape); !s.ok()) return s;
-  if (absl::Status s = CheckBf16("v", request.v(), bytes.v, kv_shape); !s.ok()) return s;
-  if (absl::Status s = CheckBf16("gate", request.gate(), bytes.gate, q_shape); !s.ok()) return s;
-  return CheckIndices(request.indices(), bytes.indices, request.position(), model);
+  if (absl::Status s = CheckBf16Shape("q", request.q(), bytes.q, q_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16Shape("k", request.k(), bytes.k, kv_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16Shape("v", request.v(), bytes.v, kv_shape); !s.ok()) return s;
+  if (absl::Status s = CheckBf16Shape("gate", request.gate(), bytes.gate, q_shape); !s.ok())
+    return s;
+  if (absl::Status s = CheckIndexShape(request.indices(), bytes.indices, model, &item->topk,
+                                       &item->indices_per_kv_head);
+      !s.ok()) {
+    return s;
+  }
+  item->sequence_id = request.sequence_id();
+  item->layer = request.layer();
+  item->position = request.position();
+  item->return_lse = request.return_lse();
+  item->bytes = bytes;
+  return CheckDecodeValues(*item);
+}
+
+absl::Status CheckItemFields(absl::string_view sequence_id, int32_t layer, int64_t position,
+                             const ModelShape& model) {
+  if (absl::Status s = ValidateSequenceId(sequence_id, "sequence_id"); !s.ok()) return s;
+  if (absl::Status s = CheckLayer(layer, model); !s.ok()) return s;
+  if (position < 0 || position > INT32_MAX) {
+    return Bad(absl::StrCat("position ", position, " is out of range [0, 2^31)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDecodeValues(const DecodeItem& item) {
+  // Tensors on the device are checked there by the backend (DecodeBatch::row_error).
+  if (item.bytes.device != nullptr) return absl::OkStatus();
+  if (absl::Status s = CheckFinite("q", item.bytes.q); !s.ok()) return s;
+  if (absl::Status s = CheckFinite("k", item.bytes.k); !s.ok()) return s;
+  if (absl::Status s = CheckFinite("v", item.bytes.v); !s.ok()) return s;
+  if (absl::Status s = CheckFinite("gate", item.bytes.gate); !s.ok()) return s;
+  return CheckIndexValues(item.bytes.indices, item.position);
 }
 
 absl::Status ValidateAppend(const v1::AppendKVRequest& request, const ModelShape& model) {
@@ -241,8 +288,12 @@ absl::Status ValidateAppend(const v1::AppendKVRequest& request, const ModelShape
                             " exceeds 2^31 tokens"));
   }
   const std::array<int64_t, 3> shape = {n, model.num_kv_heads, model.head_dim};
-  if (absl::Status s = CheckBf16("k", k, TensorBytes::Of(k.data()), shape); !s.ok()) return s;
-  return CheckBf16("v", request.v(), TensorBytes::Of(request.v().data()), shape);
+  const TensorBytes k_bytes = TensorBytes::Of(k.data());
+  const TensorBytes v_bytes = TensorBytes::Of(request.v().data());
+  if (absl::Status s = CheckBf16Shape("k", k, k_bytes, shape); !s.ok()) return s;
+  if (absl::Status s = CheckFinite("k", k_bytes); !s.ok()) return s;
+  if (absl::Status s = CheckBf16Shape("v", request.v(), v_bytes, shape); !s.ok()) return s;
+  return CheckFinite("v", v_bytes);
 }
 
 }  // namespace sds::server

@@ -183,7 +183,7 @@ void BM_TypedPath(benchmark::State& state) {
   const ModelShape model = Model();
   google::protobuf::ArenaOptions options;
   options.start_block_size = m.bytes.size() + (64 << 10);
-  std::vector<DecodeTensorBytes> all;  // each request's tensor views, reused across calls
+  std::vector<DecodeItem> all;  // each request as the batcher takes it, reused across calls
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     google::protobuf::Arena arena(options);
@@ -196,16 +196,16 @@ void BM_TypedPath(benchmark::State& state) {
     }
     all.resize(batch->requests_size());
     for (int r = 0; r < batch->requests_size(); ++r) {
-      all[r] = DecodeTensorBytes::Of(batch->requests(r));
-      if (!ValidateDecode(batch->requests(r), all[r], model).ok()) {
+      if (!ValidateDecode(batch->requests(r), DecodeBytesOf(batch->requests(r)), model, &all[r])
+               .ok()) {
         state.SkipWithError("a request failed validation");
         return;
       }
     }
-    staging.buffer->PlanIndices(batch->requests_size(),
-                                [&](int32_t r) -> const DecodeTensorBytes& { return all[r]; });
-    for (int r = 0; r < batch->requests_size(); ++r)
-      staging.buffer->FillRow(r, batch->requests(r), all[r]);
+    staging.buffer->PlanIndices(batch->requests_size(), [&](int32_t r) -> const DecodeTensorBytes& {
+      return all[r].bytes;
+    });
+    for (int r = 0; r < batch->requests_size(); ++r) staging.buffer->FillRow(r, all[r]);
     benchmark::ClobberMemory();
   }
   SetCounters(state,
@@ -224,17 +224,17 @@ void BM_RawPath(benchmark::State& state) {
       return;
     }
     const v1::DecodeBatchRequest& batch = *call.request();
+    std::vector<DecodeItem> items(batch.requests_size());
     for (int r = 0; r < batch.requests_size(); ++r) {
-      if (!ValidateDecode(batch.requests(r), call.bytes(r), model).ok()) {
+      if (!ValidateDecode(batch.requests(r), call.bytes(r), model, &items[r]).ok()) {
         state.SkipWithError("a request failed validation");
         return;
       }
     }
     staging.buffer->PlanIndices(batch.requests_size(), [&](int32_t r) -> const DecodeTensorBytes& {
-      return call.bytes(r);
+      return items[r].bytes;
     });
-    for (int r = 0; r < batch.requests_size(); ++r)
-      staging.buffer->FillRow(r, batch.requests(r), call.bytes(r));
+    for (int r = 0; r < batch.requests_size(); ++r) staging.buffer->FillRow(r, items[r]);
     benchmark::ClobberMemory();
   }
   SetCounters(state,
@@ -325,16 +325,19 @@ void BM_TypedAnswer(benchmark::State& state) {
 
 void BM_EncodedAnswer(benchmark::State& state) {
   Staging staging = StagingWithOutputs();
+  const AnswerEncoder encoder(Model());
+  const BatchInfo info{12345, kRequests, 150, 900};  // as SetBatchInfo
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     RawCall<v1::DecodeBatchRequest, v1::DecodeBatchResponse> call(64 << 10);
     v1::DecodeBatchResponse* response = call.response();
     std::vector<EncodedResponse> encoded(kRequests);
     for (int r = 0; r < kRequests; ++r) {
-      v1::DecodeResponse* resp = response->add_responses();
-      SetBatchInfo(r, resp);
+      response->add_responses();
       encoded[r].batch_item = true;
-      staging.buffer->EncodeAnswer(r, /*with_lse=*/true, *resp, &encoded[r]);  // as the executor
+      // As a DecodeBatch call's DecodeSink::Write does, from the executor's rows.
+      encoder.Encode(static_cast<uint64_t>(r) + 1, info, staging.buffer->out_row(r),
+                     staging.buffer->lse_row(r), &encoded[r]);
     }
     absl::StatusOr<grpc::ByteBuffer> reply = DecodeBatchReply(*response, &encoded);
     if (!reply.ok()) {

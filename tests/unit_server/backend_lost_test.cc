@@ -50,8 +50,11 @@ AppendWork Prefill(PagedKvCache& cache, const std::string& sequence, v1::AppendK
     t->set_data(bytes);
   }
   AppendWork work;
-  work.request = request;
   work.key = sequence;
+  work.sequence_id = request->sequence_id();
+  work.num_tokens = 2;
+  work.k = request->k().data().data();
+  work.v = request->v().data().data();
   return work;
 }
 

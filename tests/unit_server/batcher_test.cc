@@ -7,8 +7,10 @@
 // on a notification holds the assembler or the executor thread where a case needs it.
 #include <pthread.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -22,7 +24,9 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/batcher.h"
-#include "server/response_wire.h"
+#include "server/decode_submit.h"
+#include "server/pending_writes.h"
+#include "server/validate.h"
 #include "sparse_decode/v1/decode.pb.h"
 #include "tests/unit_server/cpu_stack.h"
 
@@ -80,6 +84,101 @@ struct Record {
   absl::Notification done;
   std::string thread;
   absl::Status status;
+  uint64_t batch_id = 0;  // of the batch that answered it (0: not answered)
+};
+
+// One decode as the batcher sees it: its request's data, its item, and its own sink,
+// which finishes in `record` (and throws from Done when `throws`). It keeps itself alive
+// until Done.
+struct TestDecode final : DecodeSink {
+  absl::Status Write(int32_t, const BatchInfo& batch, const uint16_t*, const float*) override {
+    record->batch_id = batch.batch_id;
+    return absl::OkStatus();
+  }
+  void Done(absl::Span<DecodeItem* const>, absl::Span<const absl::Status> status) override {
+    std::shared_ptr<TestDecode> keep = std::move(self);
+    if (throws) throw std::runtime_error("injected");
+    record->thread = ThreadName();
+    record->status = status[0];
+    if (entered != nullptr) entered->Notify();
+    if (release != nullptr) release->WaitForNotificationWithTimeout(kWait);
+    record->done.Notify();
+  }
+
+  std::shared_ptr<v1::DecodeRequest> request;
+  DecodeItem item;
+  std::shared_ptr<Record> record = std::make_shared<Record>();
+  bool throws = false;
+  absl::Notification* entered = nullptr;
+  absl::Notification* release = nullptr;
+  std::shared_ptr<TestDecode> self;
+};
+
+// A checked decode of `sequence` at `position` (attending to the new token only) and the
+// one-item unit that runs it.
+std::shared_ptr<TestDecode> NewDecode(const ModelShape& model, const std::string& sequence,
+                                      int64_t position) {
+  auto d = std::make_shared<TestDecode>();
+  d->request = NewDecodeRequest(sequence, position);
+  const absl::Status valid =
+      ValidateDecode(*d->request, DecodeBytesOf(*d->request), model, &d->item);
+  EXPECT_TRUE(valid.ok()) << valid;
+  d->item.key = sequence;
+  return d;
+}
+DecodeWork UnitOf(const std::shared_ptr<TestDecode>& d) {
+  DecodeWork work;
+  work.items.push_back(&d->item);
+  work.sink = d.get();
+  d->self = d;
+  return work;
+}
+
+// A multi-item call as DecodeBatch and DecodeLayer make one: its items (sequence,
+// position), one sink for all of them, each item's outcome and batch, and how many
+// times Done ran.
+struct TestCall final : DecodeSink {
+  TestCall(const ModelShape& model, const std::vector<std::pair<std::string, int64_t>>& specs) {
+    for (const auto& [sequence, position] : specs) {
+      requests.push_back(NewDecodeRequest(sequence, position));
+      items.emplace_back();
+      const absl::Status valid =
+          ValidateDecode(*requests.back(), DecodeBytesOf(*requests.back()), model, &items.back());
+      EXPECT_TRUE(valid.ok()) << valid;
+      items.back().index = static_cast<int32_t>(items.size()) - 1;
+      items.back().key = sequence;
+    }
+    status.resize(items.size(), absl::UnknownError("not answered"));
+    batch_id.resize(items.size(), 0);
+    remaining = static_cast<int>(items.size());
+  }
+  absl::Status Write(int32_t index, const BatchInfo& batch, const uint16_t*,
+                     const float*) override {
+    batch_id[index] = batch.batch_id;
+    return absl::OkStatus();
+  }
+  void Done(absl::Span<DecodeItem* const> done_items,
+            absl::Span<const absl::Status> done_status) override {
+    for (size_t i = 0; i < done_items.size(); ++i) status[done_items[i]->index] = done_status[i];
+    ++completions;
+    remaining -= static_cast<int>(done_items.size());
+    if (remaining == 0) done.Notify();
+  }
+  // The items [first, last) as one unit.
+  DecodeWork Unit(size_t first, size_t last) {
+    DecodeWork work;
+    for (size_t i = first; i < last; ++i) work.items.push_back(&items[i]);
+    work.sink = this;
+    return work;
+  }
+
+  std::vector<std::shared_ptr<v1::DecodeRequest>> requests;
+  std::deque<DecodeItem> items;  // stable addresses
+  std::vector<absl::Status> status;
+  std::vector<uint64_t> batch_id;
+  std::atomic<int> completions{0};
+  std::atomic<int> remaining{0};
+  absl::Notification done;
 };
 
 class BatcherTest : public ::testing::Test {
@@ -137,7 +236,6 @@ class BatcherTest : public ::testing::Test {
     std::string sequence;
     int64_t position = 0;  // 0 creates the sequence
     bool deadline_passed = false;
-    bool no_answer_slot = false;                // DecodeWork::encoded left null (a caller's bug)
     std::function<bool()> cancelled = nullptr;  // DecodeWork::cancelled
     Batcher::SubmitterRun* claim = nullptr;
     // When set, `done` notifies `entered`, then waits for `release` before it returns:
@@ -151,26 +249,13 @@ class BatcherTest : public ::testing::Test {
     if (spec.position == 0) {
       EXPECT_TRUE(stack_.backend->cache().CreateSequence(spec.sequence, 0).ok());
     }
-    std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest(spec.sequence, spec.position);
-    auto response = std::make_shared<v1::DecodeResponse>();
-    auto encoded = std::make_shared<EncodedResponse>();
-    auto record = std::make_shared<Record>();
-    DecodeWork work;
-    work.request = request.get();
-    work.bytes = DecodeTensorBytes::Of(*request);
-    work.response = response.get();
-    work.encoded = spec.no_answer_slot ? nullptr : encoded.get();
-    work.key = spec.sequence;
+    std::shared_ptr<TestDecode> d = NewDecode(stack_.model, spec.sequence, spec.position);
+    d->entered = spec.entered;
+    d->release = spec.release;
+    DecodeWork work = UnitOf(d);
     if (spec.deadline_passed) work.deadline = Clock::now() - std::chrono::seconds(1);
     work.cancelled = spec.cancelled;
-    work.done = [record, request, response, encoded, entered = spec.entered,
-                 release = spec.release](const absl::Status& s) {
-      record->thread = ThreadName();
-      record->status = s;
-      if (entered != nullptr) entered->Notify();
-      if (release != nullptr) release->WaitForNotificationWithTimeout(kWait);
-      record->done.Notify();
-    };
+    std::shared_ptr<Record> record = d->record;
     EXPECT_TRUE(batcher_->SubmitDecode(std::move(work), spec.claim).ok());
     return record;
   }
@@ -187,8 +272,11 @@ class BatcherTest : public ::testing::Test {
     SetZeros(request->mutable_v(), {2, 1, 64}, 2);
     auto record = std::make_shared<Record>();
     AppendWork work;
-    work.request = request.get();
     work.key = sequence;
+    work.sequence_id = request->sequence_id();
+    work.num_tokens = 2;
+    work.k = request->k().data().data();
+    work.v = request->v().data().data();
     work.deadline = deadline;
     work.cancelled = std::move(cancelled);
     work.done = [record, request](const absl::StatusOr<int64_t>& length) {
@@ -469,13 +557,21 @@ TEST_F(BatcherTest, OneBatchAtATimeByDefault) {
   EXPECT_TRUE(other->status.ok()) << other->status;
 }
 
-// A work item without an answer slot is refused INTERNAL, not run or dereferenced; the
-// next one runs.
-TEST_F(BatcherTest, DecodeWithoutAnAnswerSlotIsInternal) {
+// A decode unit the batcher cannot run (no sink, no items, more items than a batch) is
+// refused INTERNAL at submission, nothing queued; the next one runs.
+TEST_F(BatcherTest, MalformedDecodeUnitsAreRefusedInternal) {
   Start(false);
-  std::shared_ptr<Record> bad = SubmitDecodeAt({.sequence = "n", .no_answer_slot = true});
-  Wait(bad);
-  EXPECT_EQ(bad->status.code(), absl::StatusCode::kInternal) << bad->status;
+  std::shared_ptr<TestDecode> d = NewDecode(stack_.model, "n", 0);
+  DecodeWork no_sink;
+  no_sink.items.push_back(&d->item);
+  EXPECT_EQ(batcher_->SubmitDecode(std::move(no_sink)).code(), absl::StatusCode::kInternal);
+  DecodeWork empty;
+  empty.sink = d.get();
+  EXPECT_EQ(batcher_->SubmitDecode(std::move(empty)).code(), absl::StatusCode::kInternal);
+  DecodeWork too_many;
+  too_many.sink = d.get();
+  for (int i = 0; i <= batcher_->max_batch_size(); ++i) too_many.items.push_back(&d->item);
+  EXPECT_EQ(batcher_->SubmitDecode(std::move(too_many)).code(), absl::StatusCode::kInternal);
   std::shared_ptr<Record> good = SubmitDecode("m");
   Wait(good);
   EXPECT_TRUE(good->status.ok()) << good->status;
@@ -676,24 +772,14 @@ TEST_F(BatcherTest, NoClaimWhileTheAssemblerHoldsABatch) {
 TEST_F(BatcherTest, ThrowingCompletionInAClaimedBatchDoesNotWedgeTheBatcher) {
   Start(true);
   ASSERT_TRUE(stack_.backend->cache().CreateSequence("g", 0).ok());
-  std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest("g", 0);
-  auto response = std::make_shared<v1::DecodeResponse>();
-  auto encoded = std::make_shared<EncodedResponse>();
-  std::vector<DecodeWork> works(2);
-  works[0].request = request.get();  // expired: answered first, and its `done` throws
-  works[0].key = "expired";
+  std::shared_ptr<TestDecode> thrower = NewDecode(stack_.model, "expired", 0);
+  thrower->throws = true;  // expired: answered first, and its Done throws
+  std::shared_ptr<TestDecode> good_decode = NewDecode(stack_.model, "g", 0);
+  std::shared_ptr<Record> good = good_decode->record;
+  std::vector<DecodeWork> works;
+  works.push_back(UnitOf(thrower));
   works[0].deadline = Clock::now() - std::chrono::seconds(1);
-  works[0].done = [](const absl::Status&) { throw std::runtime_error("injected"); };
-  auto good = std::make_shared<Record>();
-  works[1].request = request.get();
-  works[1].response = response.get();
-  works[1].encoded = encoded.get();
-  works[1].key = "g";
-  works[1].done = [good](const absl::Status& s) {
-    good->thread = ThreadName();
-    good->status = s;
-    good->done.Notify();
-  };
+  works.push_back(UnitOf(good_decode));
   // One lock for both, then the claim: the submitting thread answers and runs them.
   std::vector<absl::Status> queued = batcher_->SubmitDecodes(&works);
   ASSERT_EQ(queued.size(), 2u);
@@ -778,13 +864,11 @@ TEST_F(BatcherTest, ThrowingCompletionOfAnExpiredRequestDoesNotStopTheAssembler)
   std::shared_ptr<Record> hold = SubmitControl(&held, &release);
   ASSERT_TRUE(held.WaitForNotificationWithTimeout(kWait));
   // Both expired, taken together while the assembler is held; the first one throws.
-  std::shared_ptr<v1::DecodeRequest> request = NewDecodeRequest("x", 0);
-  DecodeWork thrower;
-  thrower.request = request.get();
-  thrower.key = "x";
-  thrower.deadline = Clock::now() - std::chrono::seconds(1);
-  thrower.done = [](const absl::Status&) { throw std::runtime_error("injected"); };
-  ASSERT_TRUE(batcher_->SubmitDecode(std::move(thrower)).ok());
+  std::shared_ptr<TestDecode> thrower = NewDecode(stack_.model, "x", 0);
+  thrower->throws = true;
+  DecodeWork unit = UnitOf(thrower);
+  unit.deadline = Clock::now() - std::chrono::seconds(1);
+  ASSERT_TRUE(batcher_->SubmitDecode(std::move(unit)).ok());
   std::shared_ptr<Record> expired = SubmitDecode("y", /*deadline_passed=*/true);
   release.Notify();
   Wait(hold);
@@ -793,6 +877,74 @@ TEST_F(BatcherTest, ThrowingCompletionOfAnExpiredRequestDoesNotStopTheAssembler)
   std::shared_ptr<Record> after = SubmitDecode("after");
   Wait(after);
   EXPECT_TRUE(after->status.ok()) << after->status;
+}
+
+// A unit of several items runs in one batch and is completed once, with every item's
+// outcome.
+TEST_F(BatcherTest, AMultiItemUnitRunsInOneBatchAndCompletesOnce) {
+  Start(false);
+  for (const char* id : {"u0", "u1", "u2", "u3", "u4"})
+    ASSERT_TRUE(stack_.backend->cache().CreateSequence(id, 0).ok());
+  TestCall call(stack_.model, {{"u0", 0}, {"u1", 0}, {"u2", 0}, {"u3", 0}, {"u4", 0}});
+  ASSERT_TRUE(batcher_->SubmitDecode(call.Unit(0, 5)).ok());
+  ASSERT_TRUE(call.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(call.completions.load(), 1);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_TRUE(call.status[i].ok()) << i << ": " << call.status[i];
+    EXPECT_EQ(call.batch_id[i], call.batch_id[0]) << i;
+  }
+  EXPECT_NE(call.batch_id[0], 0u);
+}
+
+// A unit that holds a (sequence, layer) the batch already holds waits for a later batch,
+// and a later unit holding any of its pairs stays behind it: positions of one sequence
+// still run in order. Here B's position 1 would fail (a gap) had the third unit
+// overtaken the second.
+TEST_F(BatcherTest, AUnitWithAPairOfTheBatchWaitsAndLaterUnitsOfItsPairsStayBehind) {
+  Start(false);
+  for (const char* id : {"A", "B"}) ASSERT_TRUE(stack_.backend->cache().CreateSequence(id, 0).ok());
+  TestCall call(stack_.model, {{"A", 0}, {"A", 1}, {"B", 0}, {"B", 1}});
+  std::vector<DecodeWork> units;
+  units.push_back(call.Unit(0, 1));  // A0
+  units.push_back(call.Unit(1, 3));  // A1 B0: A is in the first batch
+  units.push_back(call.Unit(3, 4));  // B1: B is in the kept unit
+  std::vector<absl::Status> queued = batcher_->SubmitDecodes(&units);
+  for (const absl::Status& q : queued) ASSERT_TRUE(q.ok()) << q;
+  ASSERT_TRUE(call.done.WaitForNotificationWithTimeout(kWait));
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(call.status[i].ok()) << i << ": " << call.status[i];
+  EXPECT_LT(call.batch_id[0], call.batch_id[1]);
+  EXPECT_EQ(call.batch_id[1], call.batch_id[2]);
+  EXPECT_LT(call.batch_id[2], call.batch_id[3]);
+  EXPECT_EQ(call.completions.load(), 3);
+}
+
+// Admission splits a call into units of distinct (sequence, layer) pairs and at most a
+// batch each, in order: a call that carries two positions of one sequence, and more
+// items than a batch holds, runs whole and in order.
+TEST_F(BatcherTest, AdmissionSplitsACallIntoUnitsInOrder) {
+  Start(false);
+  PendingWrites pending;
+  DecodeAdmission admission(batcher_.get(), &stack_.backend->cache(), &pending);
+  std::vector<std::pair<std::string, int64_t>> specs = {{"s", 0}, {"s", 1}};
+  for (int i = 0; i < 10; ++i) specs.emplace_back("t" + std::to_string(i), 0);
+  specs.emplace_back("s", 2);
+  for (const auto& [id, position] : specs) {
+    if (position == 0) ASSERT_TRUE(stack_.backend->cache().CreateSequence(id, 0).ok());
+  }
+  TestCall call(stack_.model, specs);
+  std::vector<DecodeItem*> items;
+  for (DecodeItem& item : call.items) items.push_back(&item);
+  admission.Submit(items, &call, Clock::time_point::max(), nullptr);
+  ASSERT_TRUE(call.done.WaitForNotificationWithTimeout(kWait));
+  for (size_t i = 0; i < specs.size(); ++i)
+    EXPECT_TRUE(call.status[i].ok()) << i << ": " << call.status[i];
+  EXPECT_LT(call.batch_id[0], call.batch_id[1]);      // s0 before s1
+  EXPECT_LT(call.batch_id[1], call.batch_id.back());  // s1 before s2
+  // Units of at most max_batch_size (8): the 13 items took at least 3 batches.
+  EXPECT_GE(call.completions.load(), 3);
+  auto length = stack_.backend->cache().Length("s", 0);
+  ASSERT_TRUE(length.ok()) << length.status();
+  EXPECT_EQ(*length, 3);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "server/model_shape.h"
 #include "server/staging.h"
 #include "server/tensor_bytes.h"
+#include "server/validate.h"
 #include "sparse_decode/v1/decode.pb.h"
 
 namespace sds::server {
@@ -86,13 +87,21 @@ Fixture Make(int hq, int hkv, int max_topk, int batch) {
   return f;
 }
 
-// Plans and fills rows [0, n) from `requests` as the batcher does.
+// Plans and fills rows [0, n) from `requests` as the batcher does (their items as
+// ValidateDecode describes them, without its value checks: the indices are random).
 void Fill(StagingBuffer& staging, const std::vector<v1::DecodeRequest>& requests) {
-  std::vector<DecodeTensorBytes> bytes;
-  for (const v1::DecodeRequest& r : requests) bytes.push_back(DecodeTensorBytes::Of(r));
+  std::vector<DecodeItem> items(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const v1::DecodeRequest& r = requests[i];
+    const v1::Tensor& indices = r.indices();
+    items[i].layer = r.layer();
+    items[i].indices_per_kv_head = indices.shape_size() == 2;
+    items[i].topk = static_cast<int32_t>(indices.shape(indices.shape_size() - 1));
+    items[i].bytes = DecodeBytesOf(r);
+  }
   const auto n = static_cast<int32_t>(requests.size());
-  staging.PlanIndices(n, [&](int32_t row) -> const DecodeTensorBytes& { return bytes[row]; });
-  for (int32_t row = 0; row < n; ++row) staging.FillRow(row, requests[row], bytes[row]);
+  staging.PlanIndices(n, [&](int32_t row) -> const DecodeTensorBytes& { return items[row].bytes; });
+  for (int32_t row = 0; row < n; ++row) staging.FillRow(row, items[row]);
 }
 
 // Row `row` of `work` holds request `r`: its index list (form, K, values) and its q.
