@@ -33,7 +33,7 @@ absl::Status PendingWrites::CheckStart(const PagedKvCache& cache, const std::str
   int64_t queued = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(KeyRef(key, layer));
+    auto it = pending_.find(KeyOf(key, layer));
     if (it != pending_.end()) queued = it->second;
   }
   return StartVerdict(cache.Length(key, layer, incarnation), queued, layer, start, sequence_id);
@@ -46,14 +46,14 @@ void PendingWrites::CheckAndAddItems(const PagedKvCache& cache, absl::Span<Decod
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < items.size(); ++i) {
     DecodeItem& item = *items[i];
-    auto it = pending_.find(KeyRef(item.key, item.layer));
+    auto it = pending_.find(KeyOf(item.key, item.layer));
     const int64_t queued = it != pending_.end() ? it->second : 0;
     uint64_t incarnation = 0;
     status[i] = StartVerdict(cache.Length(item.key, item.layer, &incarnation), queued, item.layer,
                              item.position, item.sequence_id);
     if (!status[i].ok()) continue;
     item.incarnation = incarnation;
-    if (it == pending_.end()) it = pending_.emplace(Key(item.key, item.layer), 0).first;
+    if (it == pending_.end()) it = pending_.emplace(KeyOf(item.key, item.layer), 0).first;
     ++it->second;
   }
 }
@@ -61,7 +61,7 @@ void PendingWrites::CheckAndAddItems(const PagedKvCache& cache, absl::Span<Decod
 void PendingWrites::RemoveItems(absl::Span<DecodeItem* const> items) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const DecodeItem* item : items) {
-    auto it = pending_.find(KeyRef(item->key, item->layer));
+    auto it = pending_.find(KeyOf(item->key, item->layer));
     if (it == pending_.end()) continue;
     if (--it->second <= 0) pending_.erase(it);
   }
@@ -69,14 +69,14 @@ void PendingWrites::RemoveItems(absl::Span<DecodeItem* const> items) {
 
 void PendingWrites::Add(const std::string& key, int32_t layer, int64_t tokens) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = pending_.find(KeyRef(key, layer));
-  if (it == pending_.end()) it = pending_.emplace(Key(key, layer), 0).first;
+  auto it = pending_.find(KeyOf(key, layer));
+  if (it == pending_.end()) it = pending_.emplace(KeyOf(key, layer), 0).first;
   it->second += tokens;
 }
 
 void PendingWrites::Remove(const std::string& key, int32_t layer, int64_t tokens) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = pending_.find(KeyRef(key, layer));
+  auto it = pending_.find(KeyOf(key, layer));
   if (it == pending_.end()) return;
   it->second -= tokens;
   if (it->second <= 0) pending_.erase(it);

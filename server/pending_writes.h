@@ -42,29 +42,17 @@ class PendingWrites {
   void RemoveItems(absl::Span<DecodeItem* const> items);
 
  private:
-  // (sequence key, layer), looked up without copying the key: every decode request
-  // does three lookups.
-  using Key = std::pair<std::string, int32_t>;
-  using KeyRef = std::pair<absl::string_view, int32_t>;
-  struct KeyHash {
-    using is_transparent = void;
-    size_t operator()(const Key& k) const {
-      return absl::HashOf(absl::string_view(k.first), k.second);
-    }
-    size_t operator()(const KeyRef& k) const { return absl::HashOf(k.first, k.second); }
-  };
-  struct KeyEq {
-    using is_transparent = void;
-    template <typename A, typename B>
-    bool operator()(const A& a, const B& b) const {
-      return a.second == b.second && absl::string_view(a.first) == absl::string_view(b.first);
-    }
-  };
+  // (the sequence key's 64-bit hash, layer): no copy of the key per queued item (an
+  // entry comes and goes with every decode). Two sequences whose keys collide would share
+  // a count, which only loosens this advisory check for them (PrepareWrite still refuses
+  // a gap).
+  using Key = std::pair<uint64_t, int32_t>;
+  static Key KeyOf(absl::string_view key, int32_t layer) { return {absl::HashOf(key), layer}; }
 
   // std::mutex, not absl::Mutex: taken three times per request, and the packaged
   // abseil's debug deadlock detection made each absl::Mutex lock cost a graph lookup.
-  mutable std::mutex mu_;                                      // guards pending_
-  absl::flat_hash_map<Key, int64_t, KeyHash, KeyEq> pending_;  // tokens queued
+  mutable std::mutex mu_;                      // guards pending_
+  absl::flat_hash_map<Key, int64_t> pending_;  // tokens queued
 };
 
 // Tokens added to PendingWrites and not yet owned by a queued work item's `done` (which

@@ -446,14 +446,22 @@ class CudaBackend : public Backend {
     const bool device_rows = d.num_requests > 0 && d.device_rows != nullptr;
     if (device_rows && a.num_tokens != d.num_requests)
       return absl::InternalError("CUDA backend: device rows need one appended token per request");
+    // Every row on the device: its q, gate, new K/V and indices are the gather's alone, so
+    // their staging rows (never filled) are not sent; at the seed shape that is 9.4 MB of
+    // host-to-device copy per batch of 256.
+    bool all_device_rows = device_rows;
+    for (int32_t r = 0; r < d.num_requests && all_device_rows; ++r)
+      all_device_rows = d.device_rows[r].q != nullptr;
     // Inputs in upload order: append k, v, layers, slots; then the decode inputs.
     std::vector<InputUpload::Input> inputs;
     lane.path = CudaBatchPath{};
     if (a.num_tokens > 0) {
       const size_t n = a.num_tokens;
       const size_t row = static_cast<size_t>(geo.num_kv_heads) * geo.head_dim;
-      inputs.push_back(Input(&lane.k_new, a.k_new, n * row, "appended k"));
-      inputs.push_back(Input(&lane.v_new, a.v_new, n * row, "appended v"));
+      inputs.push_back(
+          Input(&lane.k_new, all_device_rows ? nullptr : a.k_new, n * row, "appended k"));
+      inputs.push_back(
+          Input(&lane.v_new, all_device_rows ? nullptr : a.v_new, n * row, "appended v"));
       // Only a decode batch's own new tokens: a prefill (append only, up to thousands of
       // tokens) keeps its copy (not measured in place).
       if (d.num_requests > 0 && !device_rows)
@@ -463,7 +471,9 @@ class CudaBackend : public Backend {
     }
     int32_t max_topk = 0;
     if (d.num_requests > 0) {
-      if (absl::Status s = AddDecodeInputs(lane, geo, d, &inputs, &max_topk); !s.ok()) return s;
+      if (absl::Status s = AddDecodeInputs(lane, geo, d, all_device_rows, &inputs, &max_topk);
+          !s.ok())
+        return s;
     }
     std::vector<void*> dev;
     if (absl::Status s = lane.upload.Stage(inputs, &dev); !s.ok()) return s;
@@ -503,8 +513,10 @@ class CudaBackend : public Backend {
   // Checks a decode batch against the configuration and appends its inputs: q, gate,
   // layers, page table offsets, index offsets, top-K sizes, index forms, indices, page
   // tables (the last two sized from the host copies).
+  // `gathered`: every row is on the device (q, gate and indices get room, no copy).
   absl::Status AddDecodeInputs(Lane& lane, const CacheGeometry& geo, const DecodeBatch& d,
-                               std::vector<InputUpload::Input>* inputs, int32_t* max_topk_out) {
+                               bool gathered, std::vector<InputUpload::Input>* inputs,
+                               int32_t* max_topk_out) {
     const int32_t b = d.num_requests;
     if (b > config_.max_batch_size)
       return absl::InternalError(absl::StrCat("CUDA backend: batch of ", b,
@@ -540,15 +552,16 @@ class CudaBackend : public Backend {
           absl::StrCat("CUDA backend: top-K ", max_topk, " exceeds max_topk ", config_.max_topk));
     const size_t elems = static_cast<size_t>(b) * d.num_q_heads * geo.head_dim;
     const size_t rows = b;
-    inputs->push_back(Input(&lane.q, d.q, elems, "q"));
-    inputs->push_back(Input(&lane.gate, d.gate, elems, "gate"));
+    inputs->push_back(Input(&lane.q, gathered ? nullptr : d.q, elems, "q"));
+    inputs->push_back(Input(&lane.gate, gathered ? nullptr : d.gate, elems, "gate"));
     lane.path.in_place_q = d.device_rows == nullptr && InPlace(b, inputs);
     inputs->push_back(Input(&lane.d_layer, d.layer, rows, "layers"));
     inputs->push_back(Input(&lane.d_pto, d.page_table_offset, rows, "page table offsets"));
     inputs->push_back(Input(&lane.d_io, d.index_offset, rows, "index offsets"));
     inputs->push_back(Input(&lane.d_topk, d.topk, rows, "top-K sizes"));
     inputs->push_back(Input(&lane.d_perkv, d.indices_per_kv_head, rows, "index forms"));
-    inputs->push_back(Input(&lane.d_index, d.indices, static_cast<size_t>(index_total), "indices"));
+    inputs->push_back(Input(&lane.d_index, gathered ? nullptr : d.indices,
+                            static_cast<size_t>(index_total), "indices"));
     inputs->push_back(
         Input(&lane.d_pages, d.page_table, static_cast<size_t>(pages_total), "page tables"));
     if (d.device_rows != nullptr)

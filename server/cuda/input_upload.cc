@@ -48,6 +48,11 @@ absl::Status InputUpload::Stage(const std::vector<Input>& inputs, std::vector<vo
       (*device)[i] = const_cast<void*>(in.in_place);
       continue;
     }
+    if (in.host == nullptr) {  // filled on the device: room only
+      if (absl::Status s = in.own->Reserve(in.bytes, in.what); !s.ok()) return s;
+      (*device)[i] = in.own->get();
+      continue;
+    }
     if (in.bytes <= kPackPieceBytes && at + AlignUp(in.bytes) <= kPackBytes) {
       if (in.bytes > 0) std::memcpy(host + at, in.host, in.bytes);
       (*device)[i] = dev + at;

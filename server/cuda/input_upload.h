@@ -27,9 +27,11 @@ class InputUpload {
 
   struct Input {
     DeviceBuffer* own;  // the input's own device buffer (used when not packed)
-    const void* host;   // pinned staging memory
-    size_t bytes;       // may be 0
-    const char* what;   // for error messages
+    // Pinned staging memory; nullptr: nothing to send, the device fills the input's own
+    // buffer (a batch whose rows are all gathered from CUDA regions).
+    const void* host;
+    size_t bytes;      // may be 0
+    const char* what;  // for error messages
     // The device address of `host` in mapped staging when the kernels are to read the
     // input there, over PCIe (nothing copied); nullptr: upload it.
     const void* in_place = nullptr;

@@ -76,5 +76,49 @@ TEST(InputUpload, EveryInputArrivesWhereStageSaid) {
   cudaStreamDestroy(stream);
 }
 
+// An input without host memory (the device fills it: a batch gathered from CUDA regions)
+// gets room in its own buffer, whatever its size, and nothing is copied into it; the
+// inputs beside it still arrive.
+TEST(InputUpload, AnInputWithoutHostMemoryGetsRoomAndNoCopy) {
+  if (!HaveGpu()) GTEST_SKIP() << "no sm_90 CUDA device";
+  cudaStream_t stream = nullptr;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  InputUpload upload;
+  ASSERT_TRUE(upload.Init().ok());
+  const std::vector<size_t> sizes = {100, 100, 40000, 40000};  // small and large, each both ways
+  std::vector<std::unique_ptr<cudabackend::DeviceBuffer>> own;
+  std::vector<uint8_t*> pinned;
+  std::vector<InputUpload::Input> inputs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    own.push_back(std::make_unique<cudabackend::DeviceBuffer>());
+    uint8_t* p = nullptr;
+    Check(cudaHostAlloc(reinterpret_cast<void**>(&p), sizes[i], cudaHostAllocDefault), "pinned");
+    for (size_t j = 0; j < sizes[i]; ++j) p[j] = static_cast<uint8_t>(j * 7 + i);
+    pinned.push_back(p);
+    const bool device_filled = i % 2 == 1;
+    inputs.push_back({own[i].get(), device_filled ? nullptr : p, sizes[i], "test input"});
+  }
+  std::vector<void*> dev;
+  ASSERT_TRUE(upload.Stage(inputs, &dev).ok());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Check(cudaMemsetAsync(dev[i], 0xA5, sizes[i], stream), "poison");
+    if (i % 2 == 1) EXPECT_EQ(dev[i], own[i]->get()) << i;
+  }
+  ASSERT_TRUE(upload.Send(stream).ok());
+  Check(cudaStreamSynchronize(stream), "sync");
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<uint8_t> back(sizes[i]);
+    Check(cudaMemcpy(back.data(), dev[i], sizes[i], cudaMemcpyDeviceToHost), "download");
+    if (i % 2 == 1) {
+      EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](uint8_t b) { return b == 0xA5; }))
+          << "input " << i << " was copied over";
+    } else {
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), pinned[i])) << "input " << i;
+    }
+  }
+  for (uint8_t* p : pinned) cudaFreeHost(p);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 }  // namespace sds::gputest
