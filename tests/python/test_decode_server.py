@@ -340,6 +340,22 @@ class RunnerApiTests:
         finally:
             server.stop()
 
+    def test_readme_example(self):
+        """The top README's Python lifecycle runs as written (against this server)."""
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                               "README.md")) as f:
+            readme = f.read()
+        section = readme[readme.index("## A model runner in Python"):]
+        start = section.index("```python\n") + 10
+        code = section[start:section.index("\n```", start)]
+        code = code.replace("127.0.0.1:50051", self.server.address)
+        code += "\nassert out.shape == (B, hq, d) and np.isfinite(out.astype(np.float32)).all()\n"
+        free = self.client.model_info().free_pages
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(self.client.model_info().free_pages, free, "sequences left behind")
+
     def test_asyncio_client(self):
         seqs = [f"{self.id()}-{i}" for i in range(4)]
         for s in seqs:
