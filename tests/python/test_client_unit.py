@@ -20,7 +20,8 @@ import fake_server
 from sds_testutil import free_port
 from sparse_decode_client import AsyncDecodeClient, DecodeClient, DecodeError
 from sparse_decode_client._stubs import pb
-from sparse_decode_client.tensors import float32_to_bf16_bits, int32_tensor, read_tensor
+from sparse_decode_client.tensors import (bf16_bits, float32_to_bf16_bits, int32_tensor,
+                                          read_tensor)
 
 HQ, HKV, D = 4, 2, 8
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -252,10 +253,9 @@ class Bf16Test(FakeCase):
         one = self.client.decode("s", layer=0, position=4, q=t["q"][0], gate=t["gate"][0],
                                  k=t["k"][0], v=t["v"][0], indices=torch.zeros(2, dtype=torch.int32))
         self.assertTrue(torch.equal(one.out_torch(), t["q"][0]))
-        # float32 tensors are rounded by torch, to the same bits as ml_dtypes.
-        f = torch.randn(HKV, D)
-        np.testing.assert_array_equal(
-            float32_to_bf16_bits(f), float32_to_bf16_bits(f.numpy()))
+        # float32 tensors are rounded by torch, to the same bits as ml_dtypes rounds them.
+        f = torch.randn(HKV, D) * 1e3
+        np.testing.assert_array_equal(bf16_bits(f), float32_to_bf16_bits(f.numpy()))
         with self.assertRaises(TypeError):
             self.client.decode_layer(**dict(a, q=t["q"].to(torch.float32)))  # exact dtype
 

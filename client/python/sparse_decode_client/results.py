@@ -27,9 +27,10 @@ class DecodeResult:
         return self.out_bits.view(BF16)
 
     def out_torch(self):
-        """[Hq, D] torch.bfloat16 (CPU), sharing out_bits' memory; needs torch."""
+        """[Hq, D] torch.bfloat16 (CPU), a copy (out_bits is a read-only view of the
+        answer); needs torch."""
         import torch
-        return torch.from_numpy(self.out_bits.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(self.out_bits.view(np.int16).copy()).view(torch.bfloat16)
 
 
 def batch_info(b) -> dict:

@@ -4,6 +4,7 @@ CPU tensors, exact shape checks, and the wire's raw little-endian C-contiguous b
 torch is never imported here unless the caller passed a torch tensor (it is then loaded
 already); the bf16 conversions are ml_dtypes' and torch's own (round to nearest even).
 """
+import math
 import sys
 from typing import Any, Sequence, Tuple, Union
 
@@ -116,7 +117,7 @@ def read_tensor(t: "pb.Tensor") -> np.ndarray:
         raise ValueError(f"unsupported tensor dtype {t.dtype}")
     a = np.frombuffer(t.data, dtype=dtypes[t.dtype])
     shape = tuple(t.shape)
-    if shape and int(np.prod(shape)) == a.size:
+    if shape and math.prod(shape) == a.size:
         a = a.reshape(shape)
     return a
 
