@@ -27,10 +27,12 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-# The client's runtime packages and what builds its wheel (setuptools, grpcio-tools); the
-# Python tests install that wheel into a venv over these (tests/python/install_client.sh).
-PY_PACKAGES=(grpcio grpcio-tools protobuf numpy ml_dtypes setuptools)
-if ! "$PY" -c 'import grpc, grpc_tools, numpy, google.protobuf, ml_dtypes, setuptools, venv' 2>/dev/null; then
+# The client's runtime packages and what builds its wheel (setuptools, wheel, grpcio-tools;
+# wheel for a setuptools older than 70.1); the Python tests install that wheel into a
+# venv over these (tests/python/install_client.sh).
+PY_PACKAGES=(grpcio grpcio-tools protobuf numpy ml_dtypes setuptools wheel)
+if ! "$PY" -c 'import grpc, grpc_tools, numpy, google.protobuf, ml_dtypes, setuptools, wheel' \
+  2>/dev/null; then
   echo "install_deps: installing Python packages (${PY_PACKAGES[*]})"
   "$PY" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" \
     || "$PY" -m pip install -q --break-system-packages "${PY_PACKAGES[@]}"

@@ -193,9 +193,15 @@ class DecodeClient(ClientCore):
                      return_lse: bool = False, request_id: Optional[int] = None,
                      timeout: Optional[float] = None, raise_on_error: bool = True,
                      on_not_found: Optional[Callable[[str], KV]] = None) -> LayerResult:
-        """One layer's decode step for B sequences in one call, over [B, ...] arrays
-        (see LayerCalls._layer_request for the shapes; tensors in registered regions go
-        by reference, others as bytes).
+        """One layer's decode step for B sequences in one call, over [B, ...] arrays.
+
+        q, gate: [B, Hq, D] bf16; k, v: [B, Hkv, D] bf16 (each item's new token, written
+        at positions[b]); indices: [B, K] or [B, Hkv, K] int32, -1 = skip; topk: optional
+        [B] ints, the used prefix of each item's list. bf16 is torch.bfloat16,
+        ml_dtypes.bfloat16 or uint16 bits; shapes and dtypes must match exactly, nothing
+        is reshaped or converted. out ([B, Hq, D] bf16) and lse ([B, Hq] float32) receive
+        the outputs when given. Tensors inside a registered region travel by reference
+        (the server writes out there), the others as bytes.
 
         Returns LayerResult. Raises DecodeError for a bad call, and for the first failed
         item unless raise_on_error=False (then see LayerResult.errors). on_not_found:

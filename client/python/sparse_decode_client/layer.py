@@ -95,16 +95,8 @@ class LayerCalls:
 
     def _layer_request(self, *, layer, sequence_ids, positions, q, gate, k, v, indices, topk=None,
                        out=None, lse=None, return_lse=False, request_id=None):
-        """The DecodeLayerRequest of decode_layer's arguments, and what its answer needs.
-
-        q, gate: [B, Hq, D] bf16; k, v: [B, Hkv, D] bf16 (each item's new token, written
-        at positions[b]); indices: [B, K] or [B, Hkv, K] int32, -1 = skip; topk: optional
-        [B] ints, the used prefix of each item's list. bf16 is torch.bfloat16,
-        ml_dtypes.bfloat16 or uint16 bits. out ([B, Hq, D] bf16) and lse ([B, Hq] float32)
-        receive the outputs when given: written in place by the server when they lie in
-        a registered region, else copied in on return. Shapes and dtypes must match
-        exactly; nothing is reshaped or converted.
-        """
+        """The DecodeLayerRequest of decode_layer's arguments (DecodeClient.decode_layer
+        says what they are), and what its answer needs."""
         hq, hkv, d = self.shape
         b = len(sequence_ids)
         if len(positions) != b:
