@@ -103,7 +103,7 @@ PY
 
 # Build packages: the Dockerfile's apt list must equal install_deps.sh's minus the
 # developer-only tools.
-dev_only="prometheus gnuplot-nox curl clang-format clang-tidy python3-pip python3-yaml"
+dev_only="prometheus gnuplot-nox curl clang-format clang-tidy python3-pip python3-venv python3-yaml"
 want=$(sed -n '/^DEB_PACKAGES=(/,/^)/p' ../scripts/install_deps.sh | sed '1d;$d' | tr -s ' \n' '\n' \
   | grep -v '^$' | grep -vxF -f <(tr ' ' '\n' <<<"$dev_only") | sort)
 have=$(sed -n '/apt-get install/,/rm -rf/p' Dockerfile | grep -v 'apt-get\|rm -rf' | tr -d '\\' \

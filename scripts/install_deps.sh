@@ -9,7 +9,7 @@ DEB_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libcivetweb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus gnuplot-nox curl clang-format clang-tidy python3-pip python3-yaml
+  prometheus gnuplot-nox curl clang-format clang-tidy python3-pip python3-venv python3-yaml
 )
 
 missing=()
@@ -27,8 +27,13 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-if ! "$PY" -c 'import grpc, grpc_tools, numpy, google.protobuf' 2>/dev/null; then
-  echo "install_deps: installing Python packages (grpcio, grpcio-tools, protobuf, numpy)"
-  "$PY" -m pip install -q --disable-pip-version-check grpcio grpcio-tools protobuf numpy \
-    || "$PY" -m pip install -q --break-system-packages grpcio grpcio-tools protobuf numpy
+# The client's runtime packages and what builds its wheel (setuptools, wheel, grpcio-tools;
+# wheel for a setuptools older than 70.1); the Python tests install that wheel into a
+# venv over these (tests/python/install_client.sh).
+PY_PACKAGES=(grpcio grpcio-tools protobuf numpy ml_dtypes setuptools wheel)
+if ! "$PY" -c 'import grpc, grpc_tools, numpy, google.protobuf, ml_dtypes, setuptools, wheel' \
+  2>/dev/null; then
+  echo "install_deps: installing Python packages (${PY_PACKAGES[*]})"
+  "$PY" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" \
+    || "$PY" -m pip install -q --break-system-packages "${PY_PACKAGES[@]}"
 fi

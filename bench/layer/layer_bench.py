@@ -135,7 +135,7 @@ def main():
     for s in seqs:
         client.create_sequence(s, reserve_tokens=args.prefill + 1)
         k = float32_to_bf16_bits(rng.standard_normal((args.prefill, hkv, d)))
-        client.append_kv(s, 0, 0, k, k)
+        client.append_kv(s, layer=0, start=0, k=k, v=k)
     pos = args.prefill
     q = float32_to_bf16_bits(rng.standard_normal((n, hq, d)))
     gate = float32_to_bf16_bits(rng.standard_normal((n, hq, d)))
@@ -183,7 +183,8 @@ def main():
 
     def batch_request(b, t):
         return pb.DecodeBatchRequest(requests=[client.make_request(
-            seqs[i], 0, pos, q[i], kn[i], vn[i], gate[i], idx[i]) for i in range(t * b, (t + 1) * b)])
+            seqs[i], layer=0, position=pos, q=q[i], k=kn[i], v=vn[i], gate=gate[i],
+            indices=idx[i]) for i in range(t * b, (t + 1) * b)])
 
     def check_layer(resp):
         if any(c != 0 for c in resp.error_codes):

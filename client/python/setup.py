@@ -1,36 +1,42 @@
-"""Build hook: generates the gRPC stubs from ../../proto before the package is built.
+"""Build hook: generates the gRPC stubs into the build (never into the source tree) and
+declares the grpcio/protobuf versions those stubs need.
 
-The stubs are never committed. Set SDS_PROTO_DIR to the folder holding
-sparse_decode/v1/decode.proto when building from somewhere else.
+Everything the build writes (stubs, build/, *.egg-info) goes to a temporary folder, so
+that the package builds from a read-only checkout and from a copy of this folder.
 """
+import atexit
 import importlib.util
 import os
+import shutil
+import sys
+import tempfile
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STUBS = os.path.join(HERE, "sparse_decode_client", "_proto", "decode_pb2_grpc.py")
+sys.dont_write_bytecode = True  # loading build_stubs.py must not write __pycache__ here
+
+_spec = importlib.util.spec_from_file_location("_sds_build_stubs", os.path.join(HERE, "build_stubs.py"))
+build_stubs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_stubs)
+
+SCRATCH = tempfile.mkdtemp(prefix="sds_client_build_")
+atexit.register(shutil.rmtree, SCRATCH, True)
+STUBS = build_stubs.generate(os.path.join(SCRATCH, "stubs"))
 
 
-def generate_stubs():
-    # Load generate.py by path: importing the package would need grpc and numpy, which
-    # an isolated build environment does not have.
-    path = os.path.join(HERE, "sparse_decode_client", "generate.py")
-    spec = importlib.util.spec_from_file_location("_sds_generate", path)
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
-    generate.generate(proto_dir=os.environ.get("SDS_PROTO_DIR"))
-
-
-class BuildWithStubs(build_py):
+class BuildPyWithStubs(build_py):
     def run(self):
-        generate_stubs()  # always fresh from the proto when building
         super().run()
+        dest = os.path.join(self.build_lib, "sparse_decode_client", "_proto")
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(STUBS, dest)
 
 
-# Metadata steps (egg_info, dist_info) already list the _proto package.
-if not os.path.exists(STUBS):
-    generate_stubs()
-
-setup(cmdclass={"build_py": BuildWithStubs})
+setup(
+    install_requires=build_stubs.runtime_requirements(STUBS) + ["numpy>=1.22", "ml_dtypes>=0.2"],
+    cmdclass={"build_py": BuildPyWithStubs},
+    options={"build": {"build_base": os.path.join(SCRATCH, "build")},
+             "egg_info": {"egg_base": SCRATCH}},
+)

@@ -5,18 +5,22 @@ checked against a float64 numpy reference over the FP8-quantised K/V.
     python3 test_decode_server.py --server build/server/decode_server
 """
 import argparse
+import asyncio
+import importlib.util
 import os
 import subprocess
 import sys
+import types
 import unittest
 
 import grpc
+import ml_dtypes
 import numpy as np
 
 import reference as ref
 from sds_testutil import ServerProcess, free_port
 
-from sparse_decode_client import DecodeClient, DecodeError, float32_to_bf16_bits
+from sparse_decode_client import AsyncDecodeClient, DecodeClient, DecodeError, float32_to_bf16_bits
 
 SERVER = None
 # 8 query heads over 2 KV heads: G = 4 != Hkv, so h / G and h % Hkv disagree.
@@ -64,8 +68,10 @@ class ServerCase(unittest.TestCase):
         for layer in range(LAYERS):
             k, v = self.bf16(n, HKV, D, scale=2.0), self.bf16(n, HKV, D)
             # Two appends: the second starts mid-page.
-            self.assertEqual(self.client.append_kv(seq, layer, 0, k[:21], v[:21]), 21)
-            self.assertEqual(self.client.append_kv(seq, layer, 21, k[21:], v[21:]), n)
+            self.assertEqual(self.client.append_kv(seq, layer=layer, start=0, k=k[:21], v=v[:21]),
+                             21)
+            self.assertEqual(self.client.append_kv(seq, layer=layer, start=21, k=k[21:], v=v[21:]),
+                             n)
             self.cache[(seq, layer)] = [(k[t], v[t]) for t in range(n)]
 
     def make(self, seq, layer, position, indices, return_lse=True):
@@ -206,7 +212,7 @@ class ServerCase(unittest.TestCase):
         # In a batch, a bad request fails alone.
         good = self.make(seq, 1, PREFILL, self.random_indices(PREFILL))
         bad = dict(good, layer=0, position=PREFILL + 7)
-        results = self.client.decode_batch([good, bad])
+        results = self.client.decode_batch([good, bad], raise_on_error=False)
         self.check(good, results[0])
         self.assertIsInstance(results[1], DecodeError)
         self.assertEqual(results[1].code, grpc.StatusCode.FAILED_PRECONDITION)
@@ -233,7 +239,140 @@ class PerTensorScales(ServerCase):
         self.assertIn("step 1: position 21", proc.stdout)
 
 
-class PerTokenHeadScales(ServerCase):
+class RunnerApiTests:
+    """The runner-facing helpers against the real server (mixed into one ServerCase)."""
+
+    def layer_items(self, seqs, layer, position):
+        """decode_layer's arguments for `seqs` (each its own inputs, recorded in the
+        mirror) and the per-item request dicts that check() takes."""
+        items = [self.make(s, layer, position, self.random_indices(position), return_lse=False)
+                 for s in seqs]
+        stack = {key: np.stack([it[key] for it in items]) for key in ("q", "gate", "k", "v")}
+        args = dict(layer=layer, sequence_ids=list(seqs), positions=[position] * len(seqs),
+                    indices=np.stack([it["indices"] for it in items]),
+                    **{key: a.view(ml_dtypes.bfloat16) for key, a in stack.items()})
+        return args, items
+
+    def check_layer(self, items, out):
+        for i, item in enumerate(items):
+            self.check(item, types.SimpleNamespace(out=np.asarray(out[i], np.float32)))
+
+    def test_layer_batch_from_ml_dtypes(self):
+        seqs = [f"{self.id()}-{i}" for i in range(3)]
+        for s in seqs:
+            self.prefill(s)
+        args, items = self.layer_items(seqs, 1, PREFILL)
+        res = self.client.decode_layer(**args)
+        self.assertEqual((res.out.dtype, res.out.shape), (ml_dtypes.bfloat16, (3, HQ, D)))
+        self.check_layer(items, res.out)
+
+    @unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
+    def test_layer_batch_from_torch(self):
+        import torch
+        seqs = [f"{self.id()}-{i}" for i in range(2)]
+        for s in seqs:
+            self.prefill(s)
+        args, items = self.layer_items(seqs, 0, PREFILL)
+        for key in ("q", "gate", "k", "v"):
+            args[key] = torch.from_numpy(args[key].view(np.int16)).view(torch.bfloat16)
+        args["indices"] = torch.from_numpy(args["indices"])
+        res = self.client.decode_layer(**args)
+        self.assertEqual(res.out.dtype, torch.bfloat16)
+        self.check_layer(items, res.out.float().numpy())
+
+    def test_transformers_layout_is_refused_and_nothing_stored(self):
+        seq = self.id()
+        self.client.create_sequence(seq)
+        k = self.bf16(1, HKV, 6, D)  # [batch, Hkv, T, D]
+        with self.assertRaises(ValueError) as cm:
+            self.client.append_kv(seq, layer=0, start=0, k=k, v=k)
+        self.assertIn(f"[6, {HKV}, {D}], got [1, {HKV}, 6, {D}]", str(cm.exception))
+        with self.assertRaises(DecodeError) as cm:  # position 0 was never written
+            self.client.decode(seq, layer=0, position=1, q=self.bf16(HQ, D), k=k[0, :, 0],
+                               v=k[0, :, 0], gate=self.bf16(HQ, D), indices=[0])
+        self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_sequence_scope_releases_its_pages(self):
+        free = self.client.model_info().free_pages
+        with self.client.sequence(self.id(), reserve_tokens=5 * PAGE) as seq:
+            self.assertEqual(self.client.model_info().free_pages, free - 5)
+            self.client.append_kv(seq.id, layer=0, start=0, k=self.bf16(3, HKV, D),
+                                  v=self.bf16(3, HKV, D))
+        self.assertEqual(seq.freed_pages, 5)
+        self.assertEqual(self.client.model_info().free_pages, free)
+        with self.assertRaises(DecodeError) as cm:
+            self.client.release_sequence(seq.id)
+        self.assertEqual(cm.exception.code, grpc.StatusCode.NOT_FOUND)
+
+    def test_reprefill_after_not_found(self):
+        """The server loses a sequence (released here; a restart or an idle expiry looks
+        the same: NOT_FOUND); decode_layer re-prefills it from the runner's K/V and the
+        answer is the one the never-lost sequence gives."""
+        seqs = [f"{self.id()}-{i}" for i in range(3)]
+        for s in seqs:
+            self.prefill(s)
+
+        def kept(seq):  # the runner's own copy of every layer's K/V
+            return {layer: (np.stack([r[0] for r in self.cache[(seq, layer)]]),
+                            np.stack([r[1] for r in self.cache[(seq, layer)]]))
+                    for layer in range(LAYERS)}
+
+        self.client.release_sequence(seqs[1])
+        args, items = self.layer_items(seqs, 0, PREFILL)
+        with self.assertRaises(DecodeError) as cm:
+            self.client.decode_layer(**args)
+        self.assertEqual((cm.exception.index, cm.exception.code), (1, grpc.StatusCode.NOT_FOUND))
+        res = self.client.decode_layer(**args, on_not_found=kept)
+        self.check_layer(items, res.out)
+        # Every layer is back: layer 1 decodes at PREFILL too.
+        args, items = self.layer_items(seqs[1:2], 1, PREFILL)
+        self.check_layer(items, self.client.decode_layer(**args).out)
+
+    def test_wait_until_ready_while_the_server_starts(self):
+        argv = [SERVER, "--backend=cpu", f"--num_layers={LAYERS}", f"--num_q_heads={HQ}",
+                f"--num_kv_heads={HKV}", f"--head_dim={D}", "--cache_pages=16",
+                f"--metrics_listen=127.0.0.1:{free_port()}"]
+        server = ServerProcess(argv, ready=lambda address: True, name="decode_server")
+        try:
+            with DecodeClient(server.address) as c:
+                info = c.wait_until_ready(timeout=60)  # sent before the server listens
+                self.assertEqual(info.num_q_heads, HQ)
+        finally:
+            server.stop()
+
+    def test_readme_example(self):
+        """The top README's Python lifecycle runs as written (against this server)."""
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                               "README.md")) as f:
+            readme = f.read()
+        section = readme[readme.index("## A model runner in Python"):]
+        start = section.index("```python\n") + 10
+        code = section[start:section.index("\n```", start)]
+        code = code.replace("127.0.0.1:50051", self.server.address)
+        code += "\nassert out.shape == (B, hq, d) and np.isfinite(out.astype(np.float32)).all()\n"
+        free = self.client.model_info().free_pages
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(self.client.model_info().free_pages, free, "sequences left behind")
+
+    def test_asyncio_client(self):
+        seqs = [f"{self.id()}-{i}" for i in range(4)]
+        for s in seqs:
+            self.prefill(s)
+        steps = [self.layer_items(seqs[m::2], 0, PREFILL) for m in range(2)]
+
+        async def run():
+            async with AsyncDecodeClient(self.server.address, timeout=30) as c:
+                await c.wait_until_ready(timeout=10)
+                # Two micro-batches in flight from one task.
+                return await asyncio.gather(*(c.decode_layer(**args) for args, _ in steps))
+
+        for (_, items), res in zip(steps, asyncio.run(run())):
+            self.check_layer(items, res.out)
+
+
+class PerTokenHeadScales(RunnerApiTests, ServerCase):
     EXTRA_FLAGS = ["--scale_mode=per_token_head"]
     # scale = max|x|/448 is not a power of two: x / scale may round one FP8 value the
     # other way than x * (1 / scale) would; allow a little more.

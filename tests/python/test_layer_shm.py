@@ -114,7 +114,7 @@ class LayerCase(unittest.TestCase):
         self.client.create_sequence(seq, reserve_tokens=n + 4)
         for layer in range(2):
             k, v = self.bf16(n, self.HKV, self.D, scale=2.0), self.bf16(n, self.HKV, self.D)
-            self.assertEqual(self.client.append_kv(seq, layer, 0, k, v), n)
+            self.assertEqual(self.client.append_kv(seq, layer=layer, start=0, k=k, v=v), n)
             self.mirror[(seq, layer)] = [(k[t], v[t]) for t in range(n)]
 
     def batch_inputs(self, per_head, k=20):
@@ -182,8 +182,9 @@ class LayerCase(unittest.TestCase):
         want = self.bytes_path(a, layer, x, topk)
         region, views = self.poisoned_region(f"r-{per_head}-{topk is not None}", x)
         try:
-            res = self.client.decode_layer(layer, b, [PREFILL] * self.B, views["q"], views["gate"],
-                                           views["k"], views["v"], views["indices"], topk=topk,
+            res = self.client.decode_layer(layer=layer, sequence_ids=b, positions=[PREFILL] * self.B,
+                                           q=views["q"], gate=views["gate"], k=views["k"],
+                                           v=views["v"], indices=views["indices"], topk=topk,
                                            out=views["out"], lse=views["lse"])
             self.assertTrue(res.ok)
             self.assertIs(res.out, views["out"])
@@ -212,8 +213,9 @@ class LayerCase(unittest.TestCase):
         a, b = self.forked("inline")
         x = self.batch_inputs(per_head=False)
         want = self.bytes_path(a, 0, x)
-        res = self.client.decode_layer(0, b, [PREFILL] * self.B, x["q"], x["gate"], x["k"], x["v"],
-                                       x["indices"], return_lse=True)
+        res = self.client.decode_layer(layer=0, sequence_ids=b, positions=[PREFILL] * self.B,
+                                       q=x["q"], gate=x["gate"], k=x["k"], v=x["v"],
+                                       indices=x["indices"], return_lse=True)
         for i in range(self.B):
             np.testing.assert_array_equal(res.out[i], want[i].out_bits)
             np.testing.assert_array_equal(res.lse[i], want[i].lse)
@@ -232,11 +234,10 @@ class LayerCase(unittest.TestCase):
                                             positions=positions or [PREFILL] * self.B,
                                             request_id=request_id)
                 for key in ("q", "gate", "k", "v", "indices", "out"):
-                    t, by_ref = self.client._packed(
-                        key, views[key], "int32" if key == "indices" else "bf16",
+                    by_ref = self.client._packed(
+                        getattr(req, key), key, views[key], "int32" if key == "indices" else "bf16",
                         tuple(views[key].shape), "", output=key == "out")
                     self.assertTrue(by_ref, key)
-                    getattr(req, key).CopyFrom(t)
                 return req
 
             bad = message(0, 2, positions=[PREFILL] * (self.B - 1))
@@ -264,9 +265,10 @@ class LayerCase(unittest.TestCase):
         halves = [slice(0, self.B // 2), slice(self.B // 2, self.B)]
         try:
             with self.client.layer_stream() as stream:
-                ids = [stream.send(1, b[h], [PREFILL] * len(b[h]), views["q"][h],
-                                   views["gate"][h], views["k"][h], views["v"][h],
-                                   views["indices"][h], out=views["out"][h]) for h in halves]
+                ids = [stream.send(layer=1, sequence_ids=b[h], positions=[PREFILL] * len(b[h]),
+                                   q=views["q"][h], gate=views["gate"][h], k=views["k"][h],
+                                   v=views["v"][h], indices=views["indices"][h],
+                                   out=views["out"][h]) for h in halves]
                 results = [stream.result(i) for i in reversed(ids)]
             self.assertTrue(all(r.ok for r in results))
             out = self.host(views["out"])
@@ -286,8 +288,9 @@ class LayerCase(unittest.TestCase):
         positions[4] = PREFILL + 2  # a gap
         region, views = self.poisoned_region("items", x)
         try:
-            res = self.client.decode_layer(0, seqs, positions, views["q"], views["gate"], views["k"],
-                                           views["v"], views["indices"], out=views["out"],
+            res = self.client.decode_layer(layer=0, sequence_ids=seqs, positions=positions,
+                                           q=views["q"], gate=views["gate"], k=views["k"],
+                                           v=views["v"], indices=views["indices"], out=views["out"],
                                            raise_on_error=False)
             if self.CUDA:  # checked on the device: the same codes, other words
                 for i in (1, 3):
@@ -304,8 +307,9 @@ class LayerCase(unittest.TestCase):
             # Nothing stored for the failed ones: position PREFILL is still free for them.
             for i in (1, 3):
                 with self.assertRaises(DecodeError) as cm:
-                    self.client.decode(seqs[i], 0, PREFILL + 1, x["q"][0], x["k"][0], x["v"][0],
-                                       x["gate"][0], np.zeros(1, np.int32))
+                    self.client.decode(seqs[i], layer=0, position=PREFILL + 1, q=x["q"][0],
+                                       k=x["k"][0], v=x["v"][0], gate=x["gate"][0],
+                                       indices=np.zeros(1, np.int32))
                 self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
         finally:
             region.close()
@@ -351,7 +355,7 @@ class BadReferences(unittest.TestCase):
             cls.client.create_sequence(s)
             for layer in range(2):
                 k = float32_to_bf16_bits(cls.rng.standard_normal((8, cls.HKV, cls.D)))
-                cls.client.append_kv(s, layer, 0, k, k)
+                cls.client.append_kv(s, layer=layer, start=0, k=k, v=k)
 
     @classmethod
     def tearDownClass(cls):
@@ -393,8 +397,8 @@ class BadReferences(unittest.TestCase):
         self.assertTrue((v["out"] == POISON).all(), "out was written")
         for s in self.seqs:  # position 8 is still the next one of every sequence
             with self.assertRaises(DecodeError) as cm:
-                self.client.decode(s, 0, 9, v["q"][0], v["k"][0], v["v"][0], v["gate"][0],
-                                   np.zeros(1, np.int32))
+                self.client.decode(s, layer=0, position=9, q=v["q"][0], k=v["k"][0],
+                                   v=v["v"][0], gate=v["gate"][0], indices=np.zeros(1, np.int32))
             self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
 
     def test_bad_references(self):
@@ -447,13 +451,14 @@ class BadReferences(unittest.TestCase):
         region, v = self.make("shapes")
         try:
             with self.assertRaises(ValueError) as cm:
-                self.client.decode_layer(0, self.seqs, [8] * self.B,
-                                         v["q"].reshape(self.B, self.HQ, 1, self.D), v["gate"],
-                                         v["k"], v["v"], v["indices"])
+                self.client.decode_layer(layer=0, sequence_ids=self.seqs, positions=[8] * self.B,
+                                         q=v["q"].reshape(self.B, self.HQ, 1, self.D),
+                                         gate=v["gate"], k=v["k"], v=v["v"], indices=v["indices"])
             self.assertIn("[B, Hq, D]", str(cm.exception))
             with self.assertRaises(TypeError):
-                self.client.decode_layer(0, self.seqs, [8] * self.B, v["q"].astype(np.float32),
-                                         v["gate"], v["k"], v["v"], v["indices"])
+                self.client.decode_layer(layer=0, sequence_ids=self.seqs, positions=[8] * self.B,
+                                         q=v["q"].astype(np.float32), gate=v["gate"], k=v["k"],
+                                         v=v["v"], indices=v["indices"])
         finally:
             region.close()
 

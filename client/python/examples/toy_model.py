@@ -8,17 +8,11 @@ hidden state (random projections here), picks the top-K positions with a toy
 indexer, and sends everything over one DecodeStream kept open for the whole loop.
 """
 import argparse
-import os
-import sys
 import uuid
 
 import numpy as np
 
-try:
-    from sparse_decode_client import DecodeClient
-except ImportError:  # run from a source checkout without installing
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from sparse_decode_client import DecodeClient
+from sparse_decode_client import DecodeClient  # pip install ./client/python
 
 
 def main():
@@ -48,7 +42,7 @@ def main():
     for layer in range(L):
         k = (prompt @ proj["k"][layer]).reshape(args.prompt_len, hkv, d)
         v = (prompt @ proj["v"][layer]).reshape(args.prompt_len, hkv, d)
-        client.append_kv(seq, layer, 0, k, v)
+        client.append_kv(seq, layer=layer, start=0, k=k, v=v)
         keys.append(k.mean(axis=1))
     print(f"prefilled {seq}: {args.prompt_len} tokens x {L} layers")
 
@@ -64,7 +58,8 @@ def main():
                 keys[layer] = np.vstack([keys[layer], k.mean(axis=0)])
                 scores = keys[layer] @ q.mean(axis=0)
                 top = np.argsort(-scores)[: args.topk].astype(np.int32)
-                res = stream.call(seq, layer, pos, q, k, v, g, top, return_lse=True)
+                res = stream.call(seq, layer=layer, position=pos, q=q, k=k, v=v, gate=g,
+                                  indices=top, return_lse=True)
                 h = h + res.out.reshape(-1)  # residual
             print(f"step {step}: position {pos}, |h|={np.linalg.norm(h):.3f}, "
                   f"last batch size {res.batch['batch_size']}, lse[0]={res.lse[0]:.3f}")

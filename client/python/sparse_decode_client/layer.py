@@ -6,7 +6,10 @@ from typing import List, Optional
 import numpy as np
 
 from ._stubs import pb
+from .errors import DecodeError
 from .regions import address_of
+from .results import batch_info
+from .tensors import bf16_like, check_shape, is_torch, torch_to_numpy
 
 _BF16, _INT32, _FP32 = "bf16", "int32", "fp32"
 _PB_DTYPE = {_BF16: pb.BF16, _INT32: pb.INT32, _FP32: pb.FP32}
@@ -49,27 +52,17 @@ def _check(name, array, kind, shape, layout):
             hint = (" (convert first: torch .to(torch.bfloat16), ml_dtypes.bfloat16, or "
                     "float32_to_bf16_bits for uint16 bits)")
         raise TypeError(f"{name}: dtype must be {kind}, got {got}{hint}")
-    if tuple(array.shape) != tuple(shape):
-        hint = ""
-        if len(array.shape) == 4:
-            hint = (" (a [batch, heads, seq, head_dim] layout such as transformers' is not "
-                    "accepted: pass the decode token's [batch, heads, head_dim])")
-        raise ValueError(f"{name}: shape must be {layout} = {list(shape)}, got "
-                         f"{list(array.shape)}{hint}")
+    check_shape(name, array, shape, layout)
 
 
-def _bytes(array):
+def _bytes(name, array):
     if isinstance(array, np.ndarray):
         return np.ascontiguousarray(array).tobytes()
-    import torch
-    flat = array.detach().contiguous().view(-1)
-    if flat.dtype == torch.bfloat16:
-        flat = flat.view(torch.int16)
-    return flat.cpu().numpy().tobytes()
+    return torch_to_numpy(array, name).tobytes()
 
 
 class LayerCalls:
-    """decode_layer, mixed into DecodeClient."""
+    """DecodeLayer's requests and answers, mixed into the clients (which send them)."""
 
     def _region_for(self, array):
         loc = address_of(array)
@@ -81,52 +74,29 @@ class LayerCalls:
                 return region.ref(address, nbytes)
         return None
 
-    def _packed(self, name, array, kind, shape, layout, output=False):
+    def _packed(self, dest, name, array, kind, shape, layout, output=False):
+        """Fills the PackedTensor `dest` (in place: no copy of the bytes) with a reference
+        or the bytes of `array`; returns whether it went by reference. An output outside
+        every region stays unset: it comes back inline and is copied into `array`."""
         _check(name, array, kind, shape, layout)
         ref = self._region_for(array)
-        t = pb.PackedTensor(dtype=_PB_DTYPE[kind], shape=list(shape))
-        if ref is not None:
-            t.ref.CopyFrom(ref)
-            return t, True
-        if output:
-            return None, False  # comes back inline; copied into `array` on return
-        if hasattr(array, "is_cuda") and array.is_cuda:
+        if ref is None and output:
+            return False
+        if ref is None and getattr(array, "is_cuda", False):
             raise ValueError(f"{name}: a CUDA tensor outside every registered CUDA region "
                              "(register_cuda_region its memory first)")
-        t.data = _bytes(array)
-        return t, False
+        dest.dtype = _PB_DTYPE[kind]
+        dest.shape[:] = shape
+        if ref is not None:
+            dest.ref.CopyFrom(ref)
+            return True
+        dest.data = _bytes(name, array)
+        return False
 
-    def decode_layer(self, layer, sequence_ids, positions, q, gate, k, v, indices, topk=None,
-                     out=None, lse=None, return_lse=False, request_id=None, timeout=None,
-                     raise_on_error=True):
-        """One layer's decode step for B sequences in one call.
-
-        q, gate: [B, Hq, D] bf16; k, v: [B, Hkv, D] bf16 (each item's new token, written
-        at positions[b]); indices: [B, K] or [B, Hkv, K] int32, -1 = skip; topk: optional
-        [B] ints, the used prefix of each item's list. bf16 is torch.bfloat16,
-        ml_dtypes.bfloat16 or uint16 bits. out ([B, Hq, D] bf16) and lse ([B, Hq] float32)
-        receive the outputs when given: written in place by the server when they lie in
-        a registered region, else copied in on return. Shapes and dtypes must match
-        exactly; nothing is reshaped or converted.
-
-        Returns LayerResult. Raises DecodeError for a bad call, and for the first failed
-        item unless raise_on_error=False (then see LayerResult.errors).
-        """
-        req, ctx = self._layer_request(layer, sequence_ids, positions, q, gate, k, v, indices,
-                                       topk, out, lse, return_lse, request_id)
-        resp = self._call(self._stub.DecodeLayer, req, timeout)
-        return self._layer_result(resp, ctx, raise_on_error)
-
-    def layer_stream(self, timeout=None):
-        """Opens a DecodeLayerStream: send() takes decode_layer's arguments and returns a
-        request_id at once, result(request_id) gives that message's LayerResult, so that
-        several layer steps (micro-batches) are in flight on one stream."""
-        from .stream import LayerStream
-        return LayerStream(self, timeout)
-
-    def _layer_request(self, layer, sequence_ids, positions, q, gate, k, v, indices, topk, out,
-                       lse, return_lse, request_id):
-        """The DecodeLayerRequest of decode_layer's arguments, and what its answer needs."""
+    def _layer_request(self, *, layer, sequence_ids, positions, q, gate, k, v, indices, topk=None,
+                       out=None, lse=None, return_lse=False, request_id=None):
+        """The DecodeLayerRequest of decode_layer's arguments (DecodeClient.decode_layer
+        says what they are), and what its answer needs."""
         hq, hkv, d = self.shape
         b = len(sequence_ids)
         if len(positions) != b:
@@ -144,23 +114,18 @@ class LayerCalls:
                                            ("gate", gate, (b, hq, d), "[B, Hq, D]"),
                                            ("k", k, (b, hkv, d), "[B, Hkv, D]"),
                                            ("v", v, (b, hkv, d), "[B, Hkv, D]")):
-            t, by_ref = self._packed(name, array, _BF16, shape, layout)
-            getattr(req, name).CopyFrom(t)
+            by_ref = self._packed(getattr(req, name), name, array, _BF16, shape, layout)
             any_cuda |= by_ref and getattr(array, "is_cuda", False)
         idx_shape = (b, hkv, kk) if per_head else (b, kk)
-        t, by_ref = self._packed("indices", indices, _INT32, idx_shape,
-                                 "[B, Hkv, K]" if per_head else "[B, K]")
-        req.indices.CopyFrom(t)
+        by_ref = self._packed(req.indices, "indices", indices, _INT32, idx_shape,
+                              "[B, Hkv, K]" if per_head else "[B, K]")
         any_cuda |= by_ref and getattr(indices, "is_cuda", False)
         out_by_ref = lse_by_ref = False
         if out is not None:
-            t, out_by_ref = self._packed("out", out, _BF16, (b, hq, d), "[B, Hq, D]", output=True)
-            if out_by_ref:
-                req.out.CopyFrom(t)
+            out_by_ref = self._packed(req.out, "out", out, _BF16, (b, hq, d), "[B, Hq, D]",
+                                      output=True)
         if lse is not None:
-            t, lse_by_ref = self._packed("lse", lse, _FP32, (b, hq), "[B, Hq]", output=True)
-            if lse_by_ref:
-                req.lse.CopyFrom(t)
+            lse_by_ref = self._packed(req.lse, "lse", lse, _FP32, (b, hq), "[B, Hq]", output=True)
         if any_cuda:
             import torch
             torch.cuda.current_stream().synchronize()  # the server reads on its own stream
@@ -169,29 +134,22 @@ class LayerCalls:
                    return_lse=req.return_lse)
         return req, ctx
 
-    def _layer_result(self, resp, ctx, raise_on_error):
-        """LayerResult of a DecodeLayerResponse (see decode_layer)."""
-        from .client import DecodeError
+    def _layer_result(self, resp, ctx):
+        """LayerResult of a DecodeLayerResponse; per-item errors in .errors, not raised."""
         if resp.error_code != 0:  # a stream message refused whole
             raise DecodeError.from_int(resp.error_code, resp.error_message)
         b, (hq, d) = ctx["b"], ctx["shape"]
         if len(resp.error_codes) != b:
             raise DecodeError.from_int(13, f"the server answered {len(resp.error_codes)} "
                                            f"items for {b}")
-        errors = [None if c == 0 else DecodeError.from_int(c, m)
-                  for c, m in zip(resp.error_codes, resp.error_messages)]
-        if raise_on_error:
-            for i, e in enumerate(errors):
-                if e is not None:
-                    raise DecodeError(e.code, f"item {i} ({ctx['sequence_ids'][i]}): {e.message}")
+        seqs = ctx["sequence_ids"]
+        errors = [None if c == 0 else DecodeError.from_int(c, m, index=i, sequence_id=seqs[i])
+                  for i, (c, m) in enumerate(zip(resp.error_codes, resp.error_messages))]
         out = self._deliver(ctx["out"], ctx["out_by_ref"], resp.out, "<u2", (b, hq, d), ctx["like"])
         lse = None
         if ctx["return_lse"]:
             lse = self._deliver(ctx["lse"], ctx["lse_by_ref"], resp.lse, "<f4", (b, hq), None)
-        bi = resp.batch
-        return LayerResult(out, lse, errors,
-                           dict(batch_id=bi.batch_id, batch_size=bi.batch_size,
-                                queue_us=bi.queue_us, compute_us=bi.compute_us))
+        return LayerResult(out, lse, errors, batch_info(resp.batch))
 
     @staticmethod
     def _deliver(dest, by_ref, tensor, np_dtype, shape, like):
@@ -201,11 +159,10 @@ class LayerCalls:
             return dest
         values = np.frombuffer(tensor.data, dtype=np_dtype).reshape(shape)
         if dest is None:
-            if like is not None and hasattr(like, "data_ptr"):
-                import torch
-                t = torch.from_numpy(values.copy().view(np.int16)).view(torch.bfloat16)
-                return t.to(like.device)
-            return values.copy()
+            if like is None:
+                return values.copy()
+            out = bf16_like(values.copy(), like)
+            return out.to(like.device) if is_torch(like) else out
         if isinstance(dest, np.ndarray):
             dest[...] = values.view(dest.dtype)
             return dest

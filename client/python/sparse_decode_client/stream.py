@@ -5,8 +5,8 @@ import threading
 
 import grpc
 
-from ._stubs import pb
-from .client import DecodeError, _parse_response
+from .errors import DecodeError, first_error
+from .results import parse_response
 
 _CLOSE = object()
 
@@ -93,25 +93,27 @@ class DecodeStream(ResponseStream):
 
         with client.stream() as s:
             for layer in range(L):
-                res = s.call(seq, layer, pos, q, k, v, gate, idx)
+                res = s.call(seq, layer=layer, position=pos, q=q, k=k, v=v, gate=gate,
+                             indices=idx)
     """
 
     def __init__(self, client, timeout=None):
         super().__init__(client, client._stub.DecodeStream, timeout)
 
-    def send(self, sequence_id, layer, position, q, k, v, gate, indices, return_lse=False,
+    def send(self, sequence_id, *, layer, position, q, k, v, gate, indices, return_lse=False,
              request_id=0):
-        """Queues one request; returns its request_id (assigned when 0)."""
+        """Queues one request (decode()'s arguments); returns its request_id (assigned
+        when 0)."""
         rid = request_id or self._client.next_request_id()
-        self._put(self._client.make_request(sequence_id, layer, position, q, k, v, gate,
-                                            indices, return_lse, rid))
+        self._put(self._client.make_request(sequence_id, layer=layer, position=position, q=q,
+                                            k=k, v=v, gate=gate, indices=indices,
+                                            return_lse=return_lse, request_id=rid))
         return rid
 
     def result(self, request_id, timeout=None):
         """Waits for the response to request_id; raises DecodeError on failure."""
-        res = _parse_response(self._answer(request_id, timeout))
-        if isinstance(res, DecodeError):
-            raise res
+        res = parse_response(self._answer(request_id, timeout))
+        first_error([res])
         return res
 
 
@@ -119,7 +121,8 @@ class LayerStream(ResponseStream):
     """DecodeLayerStream: layer messages in flight on one stream, answered by request_id.
 
         with client.layer_stream() as s:
-            ids = [s.send(layer, seqs, positions, q[m], gate[m], k[m], v[m], idx[m], out=out[m])
+            ids = [s.send(layer=layer, sequence_ids=seqs[m], positions=positions[m], q=q[m],
+                          gate=gate[m], k=k[m], v=v[m], indices=idx[m], out=out[m])
                    for m in range(micro_batches)]
             results = [s.result(i) for i in ids]
     """
@@ -128,11 +131,10 @@ class LayerStream(ResponseStream):
         super().__init__(client, client._stub.DecodeLayerStream, timeout)
         self._contexts = {}
 
-    def send(self, layer, sequence_ids, positions, q, gate, k, v, indices, topk=None, out=None,
-             lse=None, return_lse=False, request_id=None, raise_on_error=True):
-        """Queues one layer message (decode_layer's arguments); returns its request_id."""
-        req, ctx = self._client._layer_request(layer, sequence_ids, positions, q, gate, k, v,
-                                               indices, topk, out, lse, return_lse, request_id)
+    def send(self, *, raise_on_error=True, **layer_args):
+        """Queues one layer message (decode_layer's keyword arguments, without timeout and
+        on_not_found); returns its request_id."""
+        req, ctx = self._client._layer_request(**layer_args)
         ctx["raise_on_error"] = raise_on_error
         self._contexts[req.request_id] = ctx
         self._put(req)
@@ -141,5 +143,7 @@ class LayerStream(ResponseStream):
     def result(self, request_id, timeout=None):
         """The LayerResult of message request_id (raises as decode_layer does)."""
         ctx = self._contexts.pop(request_id)
-        resp = self._answer(request_id, timeout)
-        return self._client._layer_result(resp, ctx, ctx["raise_on_error"])
+        res = self._client._layer_result(self._answer(request_id, timeout), ctx)
+        if ctx["raise_on_error"]:
+            first_error(res.errors)
+        return res
