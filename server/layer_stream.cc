@@ -53,16 +53,14 @@ void LayerStreamReactor::OnReadDone(bool ok) {
     }
   }
   Message* m = message.release();  // owned by its completion until Answered
-  TypedCall<v1::DecodeLayerRequest, v1::DecodeLayerResponse> parse;
-  absl::Status parsed = parse.Parse(m->received);
+  absl::Status parsed = m->call.Parse(m->received);
   m->received.Clear();
   if (!parsed.ok()) {
     env_.metrics->CountRequest(kRpc, parsed.code());
     return Answered(m, parsed);
   }
-  m->request = std::move(parse.request);
   env_.run(
-      tenant_, &m->request, &m->response, DeadlineOf(*context_),
+      tenant_, &m->call.request, &m->call.response, DeadlineOf(*context_),
       [context = context_] { return context->IsCancelled(); },
       [this, m](const absl::Status& s) { Answered(m, s); });
 }
@@ -70,12 +68,13 @@ void LayerStreamReactor::OnReadDone(bool ok) {
 void LayerStreamReactor::Answered(Message* m, const absl::Status& status) {
   std::unique_ptr<Message> message(m);
   if (!status.ok()) {
-    message->response.Clear();
-    message->response.set_request_id(message->request.request_id());
-    message->response.set_error_code(static_cast<int32_t>(status.code()));
-    message->response.set_error_message(std::string(status.message()));
+    v1::DecodeLayerResponse& response = message->call.response;
+    response.Clear();
+    response.set_request_id(message->call.request.request_id());
+    response.set_error_code(static_cast<int32_t>(status.code()));
+    response.set_error_message(std::string(status.message()));
   }
-  absl::Status serialized = SerializeReply(message->response, &message->reply);
+  absl::Status serialized = SerializeReply(message->call.response, &message->reply);
   if (!serialized.ok()) spdlog::error("{}: {}", kRpc, serialized.ToString());
   std::lock_guard<std::mutex> lock(mu_);
   --in_flight_;

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/metrics.h"
+#include "server/raw_call.h"
 #include "server/work.h"
 #include "sparse_decode/v1/decode.pb.h"
 
@@ -47,8 +48,8 @@ class LayerStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
  private:
   struct Message {
     grpc::ByteBuffer received;
-    sparse_decode::v1::DecodeLayerRequest request;
-    sparse_decode::v1::DecodeLayerResponse response;
+    TypedCall<sparse_decode::v1::DecodeLayerRequest, sparse_decode::v1::DecodeLayerResponse>
+        call;  // the parsed request and its response, on one arena
     grpc::ByteBuffer reply;
   };
   static constexpr int kMaxInFlight = 16;

@@ -65,11 +65,14 @@ inline bool ReleaseReceived(grpc::CallbackServerContext* context,
 // well: gRPC's typed deserialisation answers a malformed message INTERNAL with an empty
 // message before any handler runs, where the contract says INVALID_ARGUMENT (INTERNAL
 // is a server bug), and the call would not reach the metrics. Shared by the call's
-// completions; the request and response live until the last one is gone.
+// completions; the request and response live until the last one is gone. Both on one
+// arena: a DecodeLayer call of 256 items is 256 sequence ids in and 256 error messages
+// out, each its own heap string on heap-allocated messages.
 template <typename Request, typename Response>
 struct TypedCall {
-  Request request;
-  Response response;
+  google::protobuf::Arena arena;
+  Request& request = *google::protobuf::Arena::CreateMessage<Request>(&arena);
+  Response& response = *google::protobuf::Arena::CreateMessage<Response>(&arena);
 
   // INVALID_ARGUMENT when `received` is not a valid encoding of Request (truncated or
   // corrupted bytes, a string field that is not UTF-8). `request` keeps nothing of
