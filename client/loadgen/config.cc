@@ -2,6 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "client/loadgen/sweep.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "decode server host:port");
 ABSL_FLAG(std::string, mode, "unary", "unary | batch | stream");
@@ -42,7 +43,22 @@ ABSL_FLAG(std::string, plot_prefix, "",
 ABSL_FLAG(bool, plot_render, true,
           "run gnuplot on the plot script; false: write the data and the script only (a "
           "host without gnuplot; render elsewhere with `gnuplot <prefix>_plots.gp`)");
-ABSL_FLAG(bool, release, true, "release the sequences at the end");
+ABSL_FLAG(bool, release, true,
+          "release the sequences it created when it ends, whichever way (a failed prefill, "
+          "errors, SIGINT/SIGTERM, an exception)");
+ABSL_FLAG(double, release_timeout_s, 10,
+          "most seconds all the releases may take together (each call also has "
+          "--timeout_ms): a server that does not answer cannot hold up the exit");
+ABSL_FLAG(double, progress_s, 5,
+          "a progress line on stderr this often (elapsed, calls, token-layers/s, errors); "
+          "0 = none");
+ABSL_FLAG(std::string, sweep, "",
+          "DIMENSION:V1,V2,...: one run per value, each prefilled, run for --duration_s and "
+          "released; DIMENSION is concurrency (alias streams), rate or batch_size "
+          "(--mode=batch). Stops at the first failed point. Write the points with --csv");
+ABSL_FLAG(std::string, csv, "",
+          "write one CSV row per run (per --sweep point): the point, calls, token-layers/s, "
+          "p50/p90/p99 latency, errors, result");
 
 namespace sds::loadgen {
 
@@ -62,6 +78,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   }
   c.concurrency = absl::GetFlag(FLAGS_concurrency);
   const std::string api = absl::GetFlag(FLAGS_stream_api);
+  c.stream_api_auto = api == "auto";
   if (api == "sync" || (api == "auto" && c.concurrency <= kSyncStreamsUpTo)) {
     c.stream_api = StreamApi::kSync;
   } else if (api == "callback" || api == "auto") {
@@ -102,6 +119,26 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.plot_prefix = absl::GetFlag(FLAGS_plot_prefix);
   c.plot_render = absl::GetFlag(FLAGS_plot_render);
   c.release = absl::GetFlag(FLAGS_release);
+  const double release_s = absl::GetFlag(FLAGS_release_timeout_s);
+  if (!(release_s > 0 && release_s < 86400)) {
+    return absl::InvalidArgumentError("--release_timeout_s must be in (0, 86400)");
+  }
+  c.release_timeout_ms = static_cast<int>(release_s * 1000);
+  c.progress_s = absl::GetFlag(FLAGS_progress_s);
+  if (c.progress_s < 0) return absl::InvalidArgumentError("--progress_s must be >= 0");
+  c.csv = absl::GetFlag(FLAGS_csv);
+  absl::StatusOr<SweepSpec> sweep = ParseSweep(absl::GetFlag(FLAGS_sweep));
+  if (!sweep.ok()) return sweep.status();
+  c.sweep = *std::move(sweep);
+  if (!c.sweep.dimension.empty()) {
+    // One file each would be overwritten by the next point.
+    if (!c.json_out.empty() || !c.plot_prefix.empty()) {
+      return absl::InvalidArgumentError("--sweep writes --csv; not --json_out or --plot_prefix");
+    }
+    if (c.sweep.dimension == "batch_size" && c.mode != Mode::kBatch) {
+      return absl::InvalidArgumentError("--sweep=batch_size:... needs --mode=batch");
+    }
+  }
   if (c.concurrency < 1 || c.channels < 1 || c.batch_size < 1 || c.topk < 1 || c.prefill_len < 1 ||
       c.prefill_chunk < 1 || c.max_new_tokens < 1 || c.timeout_ms < 1) {
     return absl::InvalidArgumentError(

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -24,11 +25,18 @@ inline const char* StreamApiName(StreamApi api) {
 // H200 host it beat it 1.2x (bench/RESULTS.md, session 18).
 constexpr int kSyncStreamsUpTo = 4;
 
+// --sweep=DIMENSION:V1,V2,...: one run (a point) per value, each for --duration_s.
+struct SweepSpec {
+  std::string dimension;  // "concurrency", "rate" or "batch_size"; empty: no sweep
+  std::vector<double> values;
+};
+
 struct Config {
   std::string target;
   Mode mode = Mode::kUnary;
   std::string mode_name;
   StreamApi stream_api = StreamApi::kCallback;  // stream mode only
+  bool stream_api_auto = false;                 // chosen by --concurrency (kSyncStreamsUpTo)
   int concurrency = 1;     // workers: closed-loop callers, or the open loop's in-flight cap
   double rate = 0;         // calls/s, Poisson arrivals; 0 = closed loop
   double duration_s = 10;  // measured time after the warm-up
@@ -54,8 +62,12 @@ struct Config {
   std::string label;
   std::string json_out;
   std::string plot_prefix;
-  bool plot_render = true;  // false: the plots' data and gnuplot script, no PNGs
-  bool release = true;      // release the sequences at the end
+  bool plot_render = true;         // false: the plots' data and gnuplot script, no PNGs
+  bool release = true;             // release the sequences at the end
+  int release_timeout_ms = 10000;  // all the releases together, at most
+  double progress_s = 5;           // a progress line on stderr this often; 0 = none
+  std::string csv;                 // one row per run (per sweep point) here
+  SweepSpec sweep;
 
   int SequencesPerWorker() const { return mode == Mode::kBatch ? batch_size : 1; }
   int NumSequences() const { return concurrency * SequencesPerWorker(); }

@@ -1,60 +1,26 @@
 // decode_loadgen: load generator for the Sparse Decode Server. See --help.
-#include <atomic>
 #include <cstdio>
-#include <thread>
+#include <exception>
+#include <memory>
+#include <vector>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
 #include "client/decode_client.h"
 #include "client/loadgen/config.h"
-#include "client/loadgen/report.h"
-#include "client/loadgen/runner.h"
-#include "client/loadgen/workload.h"
+#include "client/loadgen/csv_report.h"
+#include "client/loadgen/help.h"
+#include "client/loadgen/point.h"
+#include "client/loadgen/stop_signal.h"
+#include "client/loadgen/sweep.h"
 
 namespace {
 
 using sds::client::DecodeClient;
+using sds::loadgen::Config;
 
-// Runs fn(i) for i in [0, n) on up to `threads` threads; returns the first error.
-absl::Status ParallelFor(int n, int threads, const std::function<absl::Status(int)>& fn) {
-  std::atomic<int> next{0};
-  std::mutex mu;
-  absl::Status first;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < std::min(n, threads); ++t) {
-    pool.emplace_back([&] {
-      for (int i; (i = next.fetch_add(1)) < n;) {
-        absl::Status st = fn(i);
-        if (!st.ok()) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (first.ok()) first = st;
-          next = n;  // stop handing out work
-        }
-      }
-    });
-  }
-  for (auto& t : pool) t.join();
-  return first;
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Load generator for the Sparse Decode Server: prefills sequences, then decodes "
-      "(unary, batch or stream) in a closed or open loop and reports throughput and latency.");
-  absl::ParseCommandLine(argc, argv);
-  // As in the servers (server/mutex_tuning.h): Debian's abseil checks lock order on every
-  // absl::Mutex lock, gRPC's own included, under one global spin lock.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  auto config = sds::loadgen::ConfigFromFlags();
-  if (!config.ok()) {
-    std::fprintf(stderr, "decode_loadgen: %s\n", config.status().ToString().c_str());
-    return 2;
-  }
-  const sds::loadgen::Config& c = *config;
-
+int Run(const Config& c) {
   std::vector<std::unique_ptr<DecodeClient>> clients;
   for (int i = 0; i < c.channels; ++i) {
     sds::client::ClientOptions opts;
@@ -77,69 +43,74 @@ int main(int argc, char** argv) {
   }
   const sds::client::Shape shape{info->num_q_heads(), info->num_kv_heads(), info->head_dim()};
   for (auto& cl : clients) cl->SetShape(shape);
-  sds::loadgen::Workload workload(c, shape, info->num_layers());
 
-  const int nseq = c.NumSequences();
-  std::fprintf(stderr, "decode_loadgen: prefilling %d sequences x %d layers x %d tokens\n", nseq,
-               info->num_layers(), c.prefill_len);
-  absl::Status st = ParallelFor(
-      nseq, 4, [&](int s) { return workload.Prefill(*clients[s % clients.size()], s); });
-  if (!st.ok()) {
-    std::fprintf(stderr, "decode_loadgen: prefill failed: %s\n", st.ToString().c_str());
+  std::unique_ptr<sds::loadgen::CsvReport> csv;
+  if (!c.csv.empty()) {
+    auto created = sds::loadgen::CsvReport::Create(c.csv);
+    if (!created.ok()) {
+      std::fprintf(stderr, "decode_loadgen: --csv: %s\n", created.status().ToString().c_str());
+      return 3;
+    }
+    csv = *std::move(created);
+  }
+  // Without --sweep the run is a sweep of one point, the flags' own.
+  std::vector<Config> points;
+  if (c.sweep.dimension.empty()) points.push_back(c);
+  for (double v : c.sweep.values) points.push_back(sds::loadgen::AtPoint(c, v));
+  int exit_code = 0;
+  for (const Config& point : points) {
+    if (sds::loadgen::StopRequested()) return 128 + sds::loadgen::StopSignal();
+    if (!c.sweep.dimension.empty()) {
+      std::fprintf(stderr, "decode_loadgen: sweep point %s=%s\n", c.sweep.dimension.c_str(),
+                   sds::loadgen::PointValue(point).c_str());
+    }
+    sds::loadgen::PointOutcome o = sds::loadgen::RunPoint(point, clients, *info);
+    if (csv != nullptr) {
+      absl::Status st = csv->Row(point, o.result ? &*o.result : nullptr,
+                                 o.result ? &o.summary : nullptr, o.failure);
+      if (!st.ok()) {
+        std::fprintf(stderr, "decode_loadgen: --csv: %s\n", st.ToString().c_str());
+        if (o.exit_code == 0) o.exit_code = 3;
+      }
+    }
+    exit_code = o.exit_code;
+    // A benchmark must not pass on a partial sweep: the first failed point ends it.
+    if (exit_code != 0) {
+      if (!c.sweep.dimension.empty()) {
+        std::fprintf(stderr, "decode_loadgen: FAILED: sweep stopped at %s=%s\n",
+                     c.sweep.dimension.c_str(), sds::loadgen::PointValue(point).c_str());
+      }
+      break;
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Load generator for the Sparse Decode Server: prefills sequences, then decodes "
+      "(unary, batch or stream) in a closed or open loop and reports throughput and latency; "
+      "--sweep runs one point per value of a dimension and --csv writes a row per point.");
+  sds::loadgen::ConfigureFlagsUsage();
+  if (sds::loadgen::PrintHelpIfAsked(argc, argv)) return 0;
+  absl::ParseCommandLine(argc, argv);
+  // As in the servers (server/mutex_tuning.h): Debian's abseil checks lock order on every
+  // absl::Mutex lock, gRPC's own included, under one global spin lock.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  auto config = sds::loadgen::ConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "decode_loadgen: %s\n", config.status().ToString().c_str());
     return 2;
   }
-
-  sds::loadgen::Runner runner(c, clients, workload);
-  sds::loadgen::RunResult result = runner.Run();
-  sds::loadgen::Summary summary = sds::loadgen::Summarize(result, info->num_layers());
-  sds::loadgen::PrintTable(c, *info, result, summary);
-
-  // A run whose asked-for outputs are missing must not pass for a good one: scripts read
-  // whatever JSON is there.
-  bool outputs_ok = true;
-  if (!c.json_out.empty()) {
-    st = sds::loadgen::WriteJson(c.json_out, c, *info, result, summary);
-    if (!st.ok()) {
-      std::fprintf(stderr, "decode_loadgen: JSON: %s\n", st.ToString().c_str());
-      outputs_ok = false;
-    }
+  // Before any sequence exists: a signal then stops the run and releases them.
+  sds::loadgen::InstallStopHandlers();
+  try {
+    return Run(*config);
+  } catch (const std::exception& e) {
+    // Unwinding to here released the sequences (point.cc's ReleaseGuard).
+    std::fprintf(stderr, "decode_loadgen: FAILED: exception: %s\n", e.what());
+    return 4;
   }
-  if (!c.plot_prefix.empty()) {
-    st = sds::loadgen::WritePlots(c.plot_prefix, c, result);
-    if (!st.ok()) {
-      std::fprintf(stderr, "decode_loadgen: plots: %s\n", st.ToString().c_str());
-      outputs_ok = false;
-    }
-  }
-  if (c.release && !result.aborted) {
-    ParallelFor(nseq, 8, [&](int s) {
-      clients[s % clients.size()]
-          ->ReleaseSequence(workload.SequenceId(s), {std::chrono::milliseconds(1000), false})
-          .IgnoreError();
-      return absl::OkStatus();
-    }).IgnoreError();
-  }
-  // Overload is a result, not an error (as in wrk2 and vegeta): exit 0, but loudly.
-  if (result.not_sent > 0) {
-    std::fprintf(stderr,
-                 "decode_loadgen: OVERLOAD: the server did not keep up with --rate=%g; not sent "
-                 "before the end: %lld arrivals, charged their wait so far in the latency\n",
-                 c.rate, (long long)result.not_sent);
-  }
-  // Under a long overload the calls of the window may all still be queued behind the
-  // warm-up's: then the charged arrivals are the result.
-  if (result.stats.calls.empty() && result.not_sent_charged.empty()) {
-    std::fprintf(stderr, "decode_loadgen: FAILED: no call completed in the measured window\n");
-    return 1;
-  }
-  if (summary.errors_total > 0 || result.aborted) {
-    std::fprintf(stderr, "decode_loadgen: FAILED: %lld errors%s\n", (long long)summary.errors_total,
-                 result.aborted ? " (aborted)" : "");
-    return 1;
-  }
-  if (!outputs_ok) {
-    std::fprintf(stderr, "decode_loadgen: FAILED: an output asked for was not written\n");
-    return 3;
-  }
-  return 0;
 }

@@ -113,6 +113,7 @@ void PrintTable(const Config& c, const client::v1::ModelInfo& info, const RunRes
                 (long long)r.stats.warmup_errors);
   }
   if (r.aborted) std::printf("  ABORTED: %s\n", r.abort_reason.c_str());
+  if (r.interrupted) std::printf("  INTERRUPTED (SIGINT/SIGTERM): a partial run\n");
   std::fflush(stdout);
 }
 
@@ -169,6 +170,7 @@ absl::Status WriteJson(const std::string& path, const Config& c, const client::v
   f << "  \"not_sent_note\": \"not sent before the end, charged their wait so far: those due "
        "in the measured window are in latency_us as lower bounds\",\n";
   f << "  \"aborted\": " << (r.aborted ? "true" : "false") << ",\n";
+  f << "  \"interrupted\": " << (r.interrupted ? "true" : "false") << ",\n";
   f << "  \"abort_reason\": \"" << JsonEscape(r.abort_reason) << "\"\n";
   f << "}\n";
   f.close();

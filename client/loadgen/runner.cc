@@ -11,7 +11,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/loadgen/progress.h"
 #include "client/loadgen/runner_worker.h"
+#include "client/loadgen/stop_signal.h"
 
 namespace sds::loadgen {
 
@@ -83,6 +85,7 @@ RunResult Runner::Run() {
   Clock::time_point stop_time;   // the last check's time: when the run was decided over
   Clock::time_point cpu_from{};  // the first check in the measured window
   double cpu_from_s = 0;
+  ProgressLine progress(config_.progress_s, t0_);
   while (true) {
     {
       // Every 20 ms, or at the end of the first stream worker's back-off.
@@ -98,6 +101,11 @@ RunResult Runner::Run() {
       cpu_from_s = ProcessCpuSeconds();
     }
     if (now >= end_ || active_workers_.load() == 0) break;
+    if (StopRequested()) {
+      result.interrupted = true;
+      break;
+    }
+    progress.Tick(now, calls_ok_.load(), token_layers_ok_.load(), errors_.load());
     if (streams) {
       for (Worker* w : DueBackOffs(now)) StreamNext(w);
     }
@@ -248,6 +256,8 @@ void Runner::WorkerLoop(Worker* w) {
 void Runner::RecordSuccess(Worker* w, Clock::time_point intended, const client::BatchStats& b,
                            bool first_of_call) {
   w->consecutive_errors = 0;
+  if (first_of_call) calls_ok_.fetch_add(1, std::memory_order_relaxed);
+  token_layers_ok_.fetch_add(1, std::memory_order_relaxed);
   if (first_of_call) last_success_ns_ = w->call_end.time_since_epoch().count();
   if (!Measured(intended)) {
     if (first_of_call) ++w->stats.warmup_calls;

@@ -43,6 +43,8 @@ struct RunResult {
   std::vector<Sample> not_sent_charged;
   bool aborted = false;
   std::string abort_reason;
+  // Stopped early by SIGINT/SIGTERM (stop_signal.h): a partial run, never a pass.
+  bool interrupted = false;
   // This process's CPU time (all its threads) over the measured window, in cores; < 0
   // when the run ended before the window began. On a host shared with the server it
   // shows how much of the machine the client itself took.
@@ -129,6 +131,10 @@ class Runner {
   std::atomic<int64_t> issued_{0};
   std::atomic<int64_t> last_success_ns_{0};
   std::atomic<int64_t> errors_{0};
+  // Successes so far, warm-up included, for the progress lines (the workers' stats are
+  // theirs alone until merged at the end).
+  std::atomic<int64_t> calls_ok_{0};
+  std::atomic<int64_t> token_layers_ok_{0};
   std::atomic<int> active_workers_{0};
   // Open loop arrivals.
   std::mutex mu_;

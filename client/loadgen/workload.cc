@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -44,7 +45,10 @@ Workload::Workload(const Config& config, client::Shape shape, int32_t num_layers
   v_pool_ = RandomPool(kPoolRows * kv, 1.0f, rng);
   q_pool_ = RandomPool(kPoolRows * qd, 0.5f, rng);
   gate_pool_ = RandomPool(kPoolRows * qd, 1.0f, rng);
-  run_id_ = absl::StrCat(getpid(), "-", rng() % 1000000);
+  // A sweep makes a Workload per point: its ids must not meet a point's before it that
+  // kept its sequences (--release=false) or could not release them.
+  static std::atomic<int> instances{0};
+  run_id_ = absl::StrCat(getpid(), "-", rng() % 1000000, "-", instances.fetch_add(1));
 }
 
 std::string Workload::SequenceId(int seq) const {

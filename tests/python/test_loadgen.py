@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """decode_loadgen against echo_server (and decode_server when given): sane JSON, and a
 non-zero exit, without hanging, when the server is killed mid-run; overload reported in
-the latency; a non-zero exit when an output cannot be written; and bench/e2e's script
-reading only what its run wrote.
+the latency; a non-zero exit when an output cannot be written; bench/e2e's script
+reading only what its run wrote; every sequence released on every way out (a failed
+prefill, decode errors, SIGTERM, an exception); --help; progress lines; --sweep's CSV.
 
     python3 test_loadgen.py --loadgen L --echo_server E [--decode_server S]
 """
 import argparse
+import csv
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -300,6 +304,8 @@ class LoadgenTest(unittest.TestCase):
         self.assertIn("UNAVAILABLE", s["errors"])
         self.assertTrue(s["aborted"])
         self.assertIn("FAILED", output)
+        # The dead server's sequences cannot be released: said, not waited for.
+        self.assertIn("could NOT release 4 sequences", output)
 
     def test_unreachable_server(self):
         port = free_port()
@@ -334,6 +340,169 @@ class LoadgenTest(unittest.TestCase):
         from sparse_decode_client import DecodeClient
         with DecodeClient(server.address, timeout=10) as c:
             self.assertEqual(c.list_regions(), [])
+
+
+class LoadgenCleanupTest(unittest.TestCase):
+    """The sequences a run created are gone when it ends, whichever way it ends: the
+    server's pages are all free again (a failed prefill once left 2009 of 2048 used)."""
+
+    # 64 pages of 16 tokens; a sequence of FLAGS reserves 6 (81 tokens): 10 fit.
+    FLAGS = ["--prefill_len=64", "--max_new_tokens=16", "--topk=32", "--timeout_ms=2000",
+             "--warmup_s=0.2"]
+
+    def setUp(self):
+        if not ARGS.decode_server or not os.path.exists(ARGS.decode_server):
+            self.skipTest("decode_server not built")
+        self.server = ServerProcess(
+            [ARGS.decode_server, "--backend=cpu", "--page_size=16", "--cache_pages=64",
+             "--cpu_threads=1", "--max_topk=64", f"--metrics_listen=127.0.0.1:{free_port()}"]
+            + SHAPE,
+            listening, name="decode_server")
+        self.addCleanup(self.server.stop)
+        self.assertAllPagesFree()
+
+    def assertAllPagesFree(self, output=""):
+        from sparse_decode_client import DecodeClient
+        with DecodeClient(self.server.address, timeout=10) as c:
+            info = c.model_info()
+        self.assertEqual(info.total_pages, 64)
+        self.assertEqual(info.free_pages, info.total_pages, output)
+
+    def loadgen(self, *flags, env=None):
+        argv = [ARGS.loadgen, f"--target={self.server.address}"] + self.FLAGS + list(flags)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+    def test_failed_prefill(self):
+        # 20 sequences do not fit: the prefill fails with ~10 created.
+        proc = self.loadgen("--mode=stream", "--concurrency=20", "--duration_s=1")
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 2, out)
+        self.assertIn("prefill failed: RESOURCE_EXHAUSTED", proc.stderr)
+        m = re.search(r"released (\d+) sequences", proc.stderr)
+        self.assertTrue(m, out)
+        self.assertGreaterEqual(int(m.group(1)), 8, out)
+        self.assertAllPagesFree(out)
+
+    def check_failed_and_released(self, exit_code, says, *flags, env=None):
+        """A run of 3 sequences that fails with `exit_code`, printing `says`, and
+        releases all 3."""
+        proc = self.loadgen("--concurrency=3", *flags, env=env)
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, exit_code, out)
+        self.assertIn(says, out)
+        self.assertIn("released 3 sequences", proc.stderr)
+        self.assertAllPagesFree(out)
+
+    def test_decode_errors(self):
+        # Top-K above the server's --max_topk (64) fails every decode; the run aborts.
+        self.check_failed_and_released(1, "ABORTED", "--mode=unary", "--topk=128",
+                                       "--duration_s=5", "--stall_s=1")
+
+    def test_exception(self):
+        env = dict(os.environ, DECODE_LOADGEN_TEST_THROW="after_prefill")
+        self.check_failed_and_released(4, "FAILED: exception", "--duration_s=1", env=env)
+
+    def test_sigterm_mid_run(self):
+        out_json = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+        out_json.close()
+        self.addCleanup(os.unlink, out_json.name)
+        proc = subprocess.Popen(
+            [ARGS.loadgen, f"--target={self.server.address}", "--mode=batch", "--batch_size=4",
+             "--concurrency=2", "--duration_s=60", "--progress_s=0.3",
+             f"--json_out={out_json.name}"] + self.FLAGS,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The second progress line: the run is well under way (and lines keep coming).
+        progress = []
+        deadline = time.monotonic() + 30
+        while len(progress) < 2 and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            m = re.match(r"decode_loadgen: ([\d.]+) s: (\d+) calls, (\d+) token-layers/s "
+                         r"\(last [\d.]+ s\), (\d+) errors", line)
+            if m:
+                progress.append([float(g) for g in m.groups()])
+        self.assertEqual(len(progress), 2, "no progress lines")
+        self.assertLess(progress[0][1], progress[1][1])  # calls go up
+        self.assertGreater(progress[1][2], 0)            # token-layers/s
+        self.assertEqual(progress[1][3], 0)              # errors
+        self.assertAlmostEqual(progress[1][0] - progress[0][0], 0.3, delta=0.15)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+        out = stdout + stderr
+        self.assertLess(time.monotonic() - started, 10, out)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, out)
+        self.assertIn("released 8 sequences", stderr)
+        self.assertIn("INTERRUPTED", stdout)
+        with open(out_json.name) as f:
+            s = json.load(f)
+        self.assertTrue(s["interrupted"])
+        self.assertGreater(s["calls_ok"], 0)
+        self.assertAllPagesFree(out)
+
+    def test_sweep_stops_at_a_failed_point(self):
+        # The second point's 20 sequences do not fit: a failed (partial) sweep.
+        csv_path = os.path.join(tempfile.mkdtemp(prefix="lgsweep_"), "sweep.csv")
+        proc = self.loadgen("--mode=stream", "--duration_s=0.5", "--sweep=concurrency:2,20,4",
+                            f"--csv={csv_path}")
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 2, out)
+        self.assertIn("sweep stopped at concurrency=20", proc.stderr)
+        with open(csv_path) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual([r["value"] for r in rows], ["2", "20"], out)
+        self.assertEqual(rows[0]["result"], "ok")
+        self.assertTrue(rows[1]["result"].startswith("FAILED: prefill failed"), rows[1])
+        self.assertAllPagesFree(out)
+
+
+class LoadgenCliTest(unittest.TestCase):
+    def test_help_lists_every_flag(self):
+        proc = subprocess.run([ARGS.loadgen, "--help"], capture_output=True, text=True,
+                              timeout=30)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(os.path.join(REPO, "client/loadgen/config.cc")) as f:
+            names = re.findall(r"ABSL_FLAG\(\s*[\w:]+,\s*(\w+),", f.read())
+        self.assertGreater(len(names), 25)
+        lines = proc.stdout.splitlines()
+        for name in names:
+            with self.subTest(flag=name):
+                at = [i for i, l in enumerate(lines) if l.startswith(f"  --{name} (default: ")]
+                self.assertEqual(len(at), 1, proc.stdout)
+                self.assertGreater(len(lines[at[0] + 1].strip()), 10)  # its help text
+        for new in ("sweep", "csv", "progress_s", "release_timeout_s"):
+            self.assertIn(new, names)
+
+    def test_sweep_csv(self):
+        server = ServerProcess([ARGS.echo_server] + SHAPE, listening, name="echo_server")
+        self.addCleanup(server.stop)
+        csv_path = os.path.join(tempfile.mkdtemp(prefix="lgsweep_"), "sweep.csv")
+        proc = subprocess.run(
+            [ARGS.loadgen, f"--target={server.address}", "--mode=stream", "--prefill_len=32",
+             "--topk=16", "--duration_s=0.5", "--warmup_s=0.1", "--sweep=streams:1,2,8",
+             f"--csv={csv_path}"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(csv_path) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual([(r["dimension"], r["value"]) for r in rows],
+                         [("concurrency", "1"), ("concurrency", "2"), ("concurrency", "8")])
+        for r in rows:
+            self.assertEqual(r["result"], "ok", r)
+            self.assertEqual(r["concurrency"], r["value"])
+            self.assertGreater(int(r["calls"]), 0, r)
+            self.assertGreater(float(r["token_layers_per_s"]), 0, r)
+            self.assertEqual(int(r["errors"]), 0, r)
+            self.assertTrue(0 < int(r["p50_us"]) <= int(r["p90_us"]) <= int(r["p99_us"]), r)
+        self.assertEqual(proc.stdout.count("client latency"), 3)  # a table per point
+
+    def test_bad_sweep(self):
+        for spec in ("concurrency", "warp:1,2", "concurrency:1,x", "concurrency:0", "rate:-1"):
+            with self.subTest(spec=spec):
+                proc = subprocess.run([ARGS.loadgen, f"--sweep={spec}"], capture_output=True,
+                                      text=True, timeout=30)
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertIn("--sweep", proc.stderr)
 
 
 def main():
