@@ -24,7 +24,10 @@ The server's greedy token is fed to all three, so they see the same tokens.
 --topk all attends to every position; --topk oracle to the K positions with the
 highest attention probability per KV head (max over its query heads) in the model's own
 fp32 scores. --check exits 1 unless every call is within 1 bf16 ulp of the emulation
-and the server's top-1 equals the emulation's at every step for every prompt.
+and the server's top-1 equals the emulation's at every step for every prompt. Ulps are
+taken at max(|value|, the row's max / 64), as tests/reference does, because an output
+near zero is a cancellation where any float32 sum is off by more than its own ulp; the
+summary also prints the distance without that floor.
 """
 from __future__ import annotations
 
@@ -194,14 +197,30 @@ def emulate(q: Tensor, gate: Tensor, k: Tensor, v: Tensor, indices: Tensor, mode
     return (o * torch.sigmoid(gate.float())).to(torch.bfloat16)
 
 
+def bf16_ulp(x: Tensor) -> Tensor:
+    """bf16 spacing at magnitude |x| (float32; normal range, subnormals clamp)."""
+    _, e = torch.frexp(x.abs().clamp(min=2.0 ** -126))
+    return torch.ldexp(torch.ones_like(x), e - 8)
+
+
+def ulps(got: Tensor, want: Tensor) -> float:
+    """Max |got - want| over [B, Hq, D] in bf16 ulps taken at max(|want|, row max / 64),
+    as tests/reference does: an element near zero is a cancellation, where any float32
+    sum (the server's, the emulation's) is off by more than its own bf16 ulp."""
+    a, b = got.float().cpu(), want.float().cpu()
+    floor = b.abs().amax(dim=-1, keepdim=True) / 64
+    return float(((a - b).abs() / bf16_ulp(torch.maximum(b.abs(), floor))).max())
+
+
 def ordered_bf16(x: Tensor) -> Tensor:
-    """bf16 bits as integers whose difference counts ulps (-0 and +0 coincide)."""
+    """bf16 bits as integers whose difference counts representable values between them."""
     bits = x.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
     return torch.where(bits >= 0x8000, 0x8000 - bits, bits)
 
 
-def ulps(a: Tensor, b: Tensor) -> int:
-    return int((ordered_bf16(a.cpu()) - ordered_bf16(b.cpu())).abs().max())
+def bit_distance(got: Tensor, want: Tensor) -> int:
+    """Max count of bf16 values between got and want, with no floor (for the record)."""
+    return int((ordered_bf16(got.cpu()) - ordered_bf16(want.cpu())).abs().max())
 
 
 # -- top-K selection ----------------------------------------------------------------------
@@ -223,7 +242,8 @@ def oracle_topk(q: Tensor, k: Tensor, scaling: float, top: int) -> Tensor:
 @dataclasses.dataclass
 class CallRecord:
     layer: int
-    max_ulps: int
+    max_ulps: float     # against the emulation, at the row scale (see ulps)
+    bits: int           # the same without the floor (bit_distance)
     batch_size: int
 
 
@@ -325,7 +345,8 @@ class Router:
             q=q.cpu(), gate=gate.cpu(), k=k[:, :, pos].cpu(), v=v[:, :, pos].cpu(),
             indices=indices.cpu())
         out = res.out.to(q.device)
-        self.calls.append(CallRecord(layer, ulps(out, emu), res.batch.get("batch_size", 0)))
+        self.calls.append(CallRecord(layer, ulps(out, emu), bit_distance(out, emu),
+                                     res.batch.get("batch_size", 0)))
         return out
 
 
@@ -410,8 +431,8 @@ class StepReport:
     err_server: float   # max |logits_server - logits_ref|
     err_emu: float      # max |logits_emu - logits_ref|
     err_server_emu: float
-    max_ulps: int       # worst call of the step against the emulation
-    ulps_per_layer: List[int]
+    max_ulps: float     # worst call of the step against the emulation
+    ulps_per_layer: List[float]
     top1_server_emu: int
     top1_server_ref: int
     batch: int
@@ -420,7 +441,8 @@ class StepReport:
     def line(self) -> str:
         return (f"step {self.step:3d} pos {self.position:4d}: logits max|server-ref| "
                 f"{self.err_server:.3e} max|emu-ref| {self.err_emu:.3e} max|server-emu| "
-                f"{self.err_server_emu:.3e}; calls vs emu max ulps {self.ulps_per_layer}; "
+                f"{self.err_server_emu:.3e}; calls vs emu max ulps "
+                f"[{', '.join(f'{u:.2f}' for u in self.ulps_per_layer)}]; "
                 f"top-1 server=emu {self.top1_server_emu}/{self.batch} "
                 f"server=ref {self.top1_server_ref}/{self.batch} (emu top-1 margin "
                 f"{self.emu_margin:.2e})")
@@ -497,7 +519,8 @@ def decode_loop(model: Qwen3NextForCausalLM, router: Router, caches: Dict[str, D
     calls = router.calls
     sizes = sorted({c.batch_size for c in calls})
     print(f"{len(calls)} decode_layer calls of {s.batch} items (server batch sizes {sizes}): "
-          f"max ulps vs FP8 emulation {max(c.max_ulps for c in calls)}; gate split check "
+          f"max ulps vs FP8 emulation {max(c.max_ulps for c in calls):.2f} (bf16 values "
+          f"apart, no floor: {max(c.bits for c in calls)}); gate split check "
           f"(ref) max diff {router.gate_mismatch:.3g}")
     return ok and router.gate_mismatch <= GATE_TOLERANCE
 
