@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -106,7 +107,15 @@ absl::Status ValidateConfig(const CacheConfig& c) {
   return ValidateScales("layer_v_scales", c.layer_v_scales, c.num_layers);
 }
 
+// A tenant's use of the pool; kept while it has sequences or pages (node map: stable).
+struct TenantUse {
+  std::string name;
+  int64_t pages = 0;
+  int64_t sequences = 0;
+};
+
 struct Sequence {
+  TenantUse* tenant = nullptr;   // the tenant it was created for
   std::vector<int32_t> pages;    // logical page j -> page id; one table for every layer
   std::vector<int64_t> lengths;  // [num_layers] written length of each layer
   int64_t longest = 0;           // max of lengths; kept for CacheStats::tokens
@@ -129,6 +138,8 @@ struct PagedKvCache::Impl {
   std::vector<int32_t> free_list ABSL_GUARDED_BY(mu);  // stack; back() is handed out next
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;              // sum of Sequence::longest
   uint64_t next_incarnation ABSL_GUARDED_BY(mu) = 1;
+  absl::node_hash_map<std::string, TenantUse> tenants ABSL_GUARDED_BY(mu);
+  std::vector<TenantUse*> page_tenant ABSL_GUARDED_BY(mu);  // [num_pages]: who allocated it
 
   absl::Status CheckLayer(int32_t layer) const {
     if (layer >= 0 && layer < config.num_layers) return absl::OkStatus();
@@ -178,10 +189,13 @@ struct PagedKvCache::Impl {
                      " free of ", config.num_pages, "; release sequences or retry later"));
   }
 
-  int32_t PopFree() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // A page for `owner`, counted as its own.
+  int32_t PopFree(TenantUse* owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int32_t page = free_list.back();
     free_list.pop_back();
     refcount[page] = 1;
+    page_tenant[page] = owner;
+    ++owner->pages;
     return page;
   }
 
@@ -189,7 +203,39 @@ struct PagedKvCache::Impl {
   bool Unref(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (--refcount[page] != 0) return false;
     free_list.push_back(page);
+    TenantUse* owner = std::exchange(page_tenant[page], nullptr);
+    --owner->pages;
+    ForgetIfUnused(owner);
     return true;
+  }
+
+  // The entry of `tenant`, made on first use.
+  TenantUse* TenantOf(const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    TenantUse& use = tenants[tenant];
+    if (use.name.empty()) use.name = tenant;
+    return &use;
+  }
+  // An entry without sequences or pages is dropped: tenant names come from callers.
+  void ForgetIfUnused(TenantUse* owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (owner->pages != 0 || owner->sequences != 0) return;
+    tenants.erase(std::string(owner->name));  // a copy: the key dies with the entry
+  }
+  // RESOURCE_EXHAUSTED when `owner` may not take `pages` more pages (its limit).
+  absl::Status CheckTenantPages(const TenantUse* owner, int64_t pages,
+                                const std::string& what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const int64_t limit = config.max_pages_per_tenant;
+    if (limit <= 0 || pages <= 0 || owner->pages + pages <= limit) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant page limit: ", what, " needs ", pages, " more pages and the tenant holds ",
+        owner->pages, " of its ", limit, " (max_pages_per_tenant); release sequences"));
+  }
+  absl::Status CheckTenantSequences(const TenantUse* owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const int64_t limit = config.max_sequences_per_tenant;
+    if (limit <= 0 || owner->sequences < limit) return absl::OkStatus();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant sequence limit: the tenant has ", owner->sequences, " of its ", limit,
+                     " sequences (max_sequences_per_tenant); release one first"));
   }
 
   // Copies every layer's K, V (and scales) of page `src` into page `dst`.
@@ -279,6 +325,7 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(
   {
     absl::MutexLock lock(&impl->mu);
     impl->refcount.assign(config.num_pages, 0);
+    impl->page_tenant.assign(config.num_pages, nullptr);
     impl->free_list.reserve(config.num_pages);
     // Reverse order so pages are handed out 0, 1, 2, ... (easier to read in dumps).
     for (int64_t p = config.num_pages - 1; p >= 0; --p) {
@@ -294,7 +341,8 @@ PagedKvCache::~PagedKvCache() {
   if (impl_ != nullptr && impl_->base != nullptr) impl_->memory->Free(impl_->base);
 }
 
-absl::Status PagedKvCache::CreateSequence(const std::string& id, int64_t reserve_tokens) {
+absl::Status PagedKvCache::CreateSequence(const std::string& id, int64_t reserve_tokens,
+                                          const std::string& tenant) {
   if (id.empty()) return absl::InvalidArgumentError("sequence id must not be empty");
   if (reserve_tokens < 0) {
     return absl::InvalidArgumentError(
@@ -309,11 +357,23 @@ absl::Status PagedKvCache::CreateSequence(const std::string& id, int64_t reserve
   if (pages > static_cast<int64_t>(impl_->free_list.size())) {
     return impl_->Exhausted(pages, absl::StrCat("reserving ", reserve_tokens, " tokens"));
   }
+  TenantUse* owner = impl_->TenantOf(tenant);
+  absl::Status allowed = impl_->CheckTenantSequences(owner);
+  if (allowed.ok()) {
+    allowed = impl_->CheckTenantPages(owner, pages,
+                                      absl::StrCat("reserving ", reserve_tokens, " tokens"));
+  }
+  if (!allowed.ok()) {
+    impl_->ForgetIfUnused(owner);
+    return allowed;
+  }
   Sequence seq;
+  seq.tenant = owner;
   seq.lengths.assign(impl_->config.num_layers, 0);
   seq.pages.reserve(pages);
-  for (int64_t i = 0; i < pages; ++i) seq.pages.push_back(impl_->PopFree());
+  for (int64_t i = 0; i < pages; ++i) seq.pages.push_back(impl_->PopFree(owner));
   seq.incarnation = impl_->next_incarnation++;
+  ++owner->sequences;
   impl_->sequences.emplace(id, std::move(seq));
   return absl::OkStatus();
 }
@@ -326,9 +386,11 @@ absl::Status PagedKvCache::ForkSequence(const std::string& src, const std::strin
   if (impl_->sequences.contains(dst)) {
     return absl::AlreadyExistsError(absl::StrCat("sequence \"", dst, "\" already exists"));
   }
+  if (absl::Status s = impl_->CheckTenantSequences((*parent)->tenant); !s.ok()) return s;
   // Copy before inserting: the insert may rehash and move the parent.
   Sequence child = **parent;
   child.incarnation = impl_->next_incarnation++;
+  ++child.tenant->sequences;
   for (int32_t page : child.pages) ++impl_->refcount[page];
   impl_->tokens += child.longest;
   impl_->sequences.emplace(dst, std::move(child));
@@ -342,7 +404,12 @@ absl::StatusOr<int64_t> PagedKvCache::ReleaseSequence(const std::string& id) {
     return absl::NotFoundError(absl::StrCat("sequence \"", id, "\" not found"));
   }
   int64_t freed = 0;
+  TenantUse* owner = it->second.tenant;
+  --owner->sequences;  // first: the last page's Unref may then drop the entry
+  ++owner->pages;      // held back so that it cannot go before the loop is done
   for (int32_t page : it->second.pages) freed += impl_->Unref(page) ? 1 : 0;
+  --owner->pages;
+  impl_->ForgetIfUnused(owner);
   impl_->tokens -= it->second.longest;
   impl_->sequences.erase(it);
   return freed;
@@ -380,6 +447,13 @@ absl::Status PagedKvCache::PrepareWrite(const std::string& id, int32_t layer, in
     return impl_->Exhausted(needed, absl::StrCat("writing positions ", start, "..", start + n - 1,
                                                  " of layer ", layer, " of sequence \"", id, "\""));
   }
+  if (absl::Status s =
+          impl_->CheckTenantPages(seq.tenant, needed,
+                                  absl::StrCat("writing positions ", start, "..", start + n - 1,
+                                               " of layer ", layer, " of sequence \"", id, "\""));
+      !s.ok()) {
+    return s;
+  }
 
   // Copy-on-write. The copy runs under the lock: it happens once per shared page per
   // fork, the host copy is one memmove per layer and region, the CUDA copies are
@@ -389,7 +463,7 @@ absl::Status PagedKvCache::PrepareWrite(const std::string& id, int32_t layer, in
   fresh.reserve(shared.size());
   absl::Status copied;
   for (int64_t j : shared) {
-    fresh.push_back(impl_->PopFree());
+    fresh.push_back(impl_->PopFree(seq.tenant));
     copied = impl_->CopyPage(fresh.back(), seq.pages[j]);
     if (!copied.ok()) break;
   }
@@ -406,7 +480,7 @@ absl::Status PagedKvCache::PrepareWrite(const std::string& id, int32_t layer, in
     impl_->Unref(entry);  // refcount was > 1, so the old page stays with its other owners
     entry = fresh[i];
   }
-  for (int64_t i = 0; i < missing; ++i) seq.pages.push_back(impl_->PopFree());
+  for (int64_t i = 0; i < missing; ++i) seq.pages.push_back(impl_->PopFree(seq.tenant));
 
   slots->resize(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -468,6 +542,20 @@ absl::StatusOr<uint64_t> PagedKvCache::Incarnation(const std::string& id) const 
 bool PagedKvCache::Contains(const std::string& id) const {
   absl::MutexLock lock(&impl_->mu);
   return impl_->sequences.contains(id);
+}
+
+CacheStats PagedKvCache::TenantStats(const std::string& tenant) const {
+  absl::MutexLock lock(&impl_->mu);
+  CacheStats s;
+  auto it = impl_->tenants.find(tenant);
+  if (it != impl_->tenants.end()) {
+    s.pages_used = it->second.pages;
+    s.sequences = it->second.sequences;
+  }
+  const int64_t pool_free = static_cast<int64_t>(impl_->free_list.size());
+  s.pages_total = impl_->config.max_pages_per_tenant;
+  s.pages_free = s.pages_total > 0 ? std::min(pool_free, s.pages_total - s.pages_used) : pool_free;
+  return s;
 }
 
 CacheStats PagedKvCache::Stats() const {

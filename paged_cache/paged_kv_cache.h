@@ -29,6 +29,10 @@ struct CacheConfig {
   ScaleMode scale_mode = ScaleMode::kPerTensor;
   std::vector<float> layer_k_scales;  // [num_layers], per_tensor mode; empty = all 1.0
   std::vector<float> layer_v_scales;
+  // Limits per tenant (the `tenant` a sequence is created for; its forks keep it); 0 =
+  // none. Pages count once per tenant however many of its sequences share them.
+  int64_t max_pages_per_tenant = 0;
+  int64_t max_sequences_per_tenant = 0;
 };
 
 struct CacheStats {
@@ -49,9 +53,12 @@ class PagedKvCache {
   ~PagedKvCache();
 
   // ALREADY_EXISTS if `id` is taken; RESOURCE_EXHAUSTED if the reservation
-  // (ceil(reserve_tokens / page_size) pages, allocated now) does not fit.
-  absl::Status CreateSequence(const std::string& id, int64_t reserve_tokens);
-  // Shares every page of `src` with `dst` (reference counts); NOT_FOUND, ALREADY_EXISTS.
+  // (ceil(reserve_tokens / page_size) pages, allocated now) does not fit, or `tenant`
+  // would pass one of its limits (CacheConfig::max_*_per_tenant; the message names it).
+  absl::Status CreateSequence(const std::string& id, int64_t reserve_tokens,
+                              const std::string& tenant = "");
+  // Shares every page of `src` with `dst` (reference counts); `dst` belongs to `src`'s
+  // tenant. NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED (the tenant's sequence limit).
   absl::Status ForkSequence(const std::string& src, const std::string& dst);
   // Frees the sequence's pages at once (shared pages lose one reference). NOT_FOUND.
   // Returns the number of pages that went back to the free list.
@@ -87,6 +94,9 @@ class PagedKvCache {
   bool Contains(const std::string& id) const;
 
   CacheStats Stats() const;
+  // `tenant`'s own use: pages_used (its pages, shared ones once) and sequences; pages_total
+  // is its page limit (0 = none), pages_free what is left of it (or of the pool, if less).
+  CacheStats TenantStats(const std::string& tenant) const;
   const CacheConfig& config() const;
   // Pointers into the PageMemory; layer scale pointers refer to host copies owned by
   // the cache (a device backend uploads its own).

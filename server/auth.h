@@ -1,21 +1,12 @@
-// Authentication (optional bearer token) and tenancy (metadata x-tenant-id).
+// Tenancy in the cache: sequence keys qualified by tenant (the tenant itself comes from
+// credentials.h).
 #pragma once
 
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace grpc {
-class CallbackServerContext;
-}
-
 namespace sds::server {
-
-// Returns the caller's tenant ("default" without x-tenant-id). UNAUTHENTICATED when
-// `auth_token` is non-empty and the call lacks "authorization: Bearer <auth_token>".
-absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& context,
-                                         const std::string& auth_token);
 
 // The cache key of a sequence: tenants never see each other's sequences. Metadata
 // values are printable ASCII, so the separator cannot occur in a tenant.

@@ -1,6 +1,9 @@
 // Command-line flags of decode_server and their validation.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -89,7 +92,40 @@ ABSL_FLAG(int32_t, cpu_prewake_us, 1000,
           "poll (yielding) for its batch, up to this long (0 = off; see README)");
 ABSL_FLAG(int32_t, drain_timeout_s, 10, "on SIGTERM/SIGINT, seconds to finish queued work");
 ABSL_FLAG(std::string, auth_token, "",
-          "when set, every RPC needs metadata 'authorization: Bearer <token>'");
+          "one token of tenant 'default' (every RPC then needs 'authorization: Bearer "
+          "<token>'); visible in ps: prefer --auth_tokens_file");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "file of 'TENANT TOKEN' lines: every RPC needs a token, and its tenant is its "
+          "token's (x-tenant-id may only repeat it); tokens of at least 16 bytes");
+ABSL_FLAG(std::string, auth_tokens_env, "",
+          "name of an environment variable holding 'TENANT TOKEN' entries (lines or "
+          "';'-separated), as --auth_tokens_file");
+ABSL_FLAG(bool, tenant_from_client_cert, false,
+          "the tenant is the client certificate's common name (needs --tls_client_ca_file)");
+ABSL_FLAG(int64_t, max_sequences_per_tenant, 0,
+          "sequences one tenant may hold (its forks included); 0 = no limit");
+ABSL_FLAG(int64_t, max_pages_per_tenant, 0,
+          "cache pages one tenant may hold (shared pages once); 0 = no limit");
+ABSL_FLAG(bool, reflection, true, "serve gRPC server reflection (grpcurl without a .proto)");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM certificate (chain) of the gRPC listener: TLS");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, metrics_tls_cert_file, "",
+          "PEM holding the key and certificate of /metrics: HTTPS");
+ABSL_FLAG(int32_t, max_concurrent_streams, 1024,
+          "concurrent calls (streams) per client connection (HTTP/2 SETTINGS)");
+ABSL_FLAG(int32_t, max_connection_idle_ms, 300000,
+          "a connection with no call for this long is closed (GOAWAY; clients reconnect)");
+ABSL_FLAG(int32_t, keepalive_time_ms, 60000,
+          "ping an idle connection this often, and drop it when the ping goes unanswered "
+          "within --keepalive_timeout_ms (a vanished client frees its calls)");
+ABSL_FLAG(int32_t, keepalive_timeout_ms, 20000, "see --keepalive_time_ms");
+ABSL_FLAG(int32_t, max_unanswered_per_stream, 4096,
+          "answers a DecodeStream may hold for a client that does not read them before it "
+          "stops reading (bounds a slow reader's memory)");
+ABSL_FLAG(int64_t, max_receive_message_bytes, int64_t{256} << 20,
+          "largest request message of any method (an AppendKV prefill is the largest)");
 
 namespace sds::server {
 namespace {
@@ -151,6 +187,43 @@ absl::Status CheckPositive(const char* flag, int64_t value) {
   return absl::OkStatus();
 }
 
+// The tokens (file, environment variable, --auth_token) and the certificate tenancy.
+absl::Status ReadCallerAuth(ServerOptions* opt) {
+  CallerAuthOptions auth;
+  auth.single_token = absl::GetFlag(FLAGS_auth_token);
+  opt->single_token_bytes = auth.single_token.size();
+  auth.tenant_from_client_cert = absl::GetFlag(FLAGS_tenant_from_client_cert);
+  const std::string file = absl::GetFlag(FLAGS_auth_tokens_file);
+  const std::string env = absl::GetFlag(FLAGS_auth_tokens_env);
+  if (!file.empty() && !env.empty()) return Bad("give --auth_tokens_file or --auth_tokens_env");
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) return Bad(absl::StrCat("--auth_tokens_file: cannot read '", file, "'"));
+    std::stringstream text;
+    text << in.rdbuf();
+    auth.tokens_text = text.str();
+    auth.where = absl::StrCat("--auth_tokens_file '", file, "'");
+    struct stat st {};
+    opt->tokens_file_readable_by_others = stat(file.c_str(), &st) == 0 && (st.st_mode & 077) != 0;
+  } else if (!env.empty()) {
+    const char* value = std::getenv(env.c_str());
+    if (value == nullptr || *value == '\0') {
+      return Bad(absl::StrCat("--auth_tokens_env: environment variable ", env, " is not set"));
+    }
+    auth.tokens_text = value;
+    auth.where = absl::StrCat("--auth_tokens_env ", env);
+  }
+  absl::StatusOr<CallerAuth> made = CallerAuth::Create(auth);
+  if (!made.ok()) return made.status();
+  if (!file.empty() || !env.empty()) {
+    if (made->num_tokens() == (auth.single_token.empty() ? 0u : 1u)) {
+      return Bad(absl::StrCat(auth.where, " holds no token"));
+    }
+  }
+  opt->auth = *std::move(made);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int32_t AnswerThreadsFor(int32_t flag, int usable_cpus) {
@@ -191,7 +264,33 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   opt.concurrent_batches = absl::GetFlag(FLAGS_concurrent_batches);
   opt.inline_idle_batches = absl::GetFlag(FLAGS_inline_idle_batches);
   opt.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
-  opt.auth_token = absl::GetFlag(FLAGS_auth_token);
+  if (absl::Status s = ReadCallerAuth(&opt); !s.ok()) return s;
+  opt.backend_config.cache.max_sequences_per_tenant = absl::GetFlag(FLAGS_max_sequences_per_tenant);
+  opt.backend_config.cache.max_pages_per_tenant = absl::GetFlag(FLAGS_max_pages_per_tenant);
+  if (opt.backend_config.cache.max_sequences_per_tenant < 0 ||
+      opt.backend_config.cache.max_pages_per_tenant < 0) {
+    return Bad("--max_sequences_per_tenant and --max_pages_per_tenant must be >= 0 (0 = none)");
+  }
+  opt.reflection = absl::GetFlag(FLAGS_reflection);
+  opt.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  opt.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  opt.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (opt.tls.cert_file.empty() != opt.tls.key_file.empty()) {
+    return Bad("--tls_cert_file and --tls_key_file must be given together");
+  }
+  if (!opt.tls.client_ca_file.empty() && opt.tls.cert_file.empty()) {
+    return Bad("--tls_client_ca_file needs --tls_cert_file and --tls_key_file (TLS)");
+  }
+  if (absl::GetFlag(FLAGS_tenant_from_client_cert) && opt.tls.client_ca_file.empty()) {
+    return Bad("--tenant_from_client_cert needs --tls_client_ca_file (mutual TLS)");
+  }
+  opt.metrics_http.tls_certificate = absl::GetFlag(FLAGS_metrics_tls_cert_file);
+  opt.grpc_limits.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  opt.grpc_limits.max_connection_idle_ms = absl::GetFlag(FLAGS_max_connection_idle_ms);
+  opt.grpc_limits.keepalive_time_ms = absl::GetFlag(FLAGS_keepalive_time_ms);
+  opt.grpc_limits.keepalive_timeout_ms = absl::GetFlag(FLAGS_keepalive_timeout_ms);
+  opt.grpc_limits.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
+  opt.max_unanswered_per_stream = absl::GetFlag(FLAGS_max_unanswered_per_stream);
   opt.max_decode_batch_items = absl::GetFlag(FLAGS_max_decode_batch_items);
   opt.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
   opt.region_limits.max_regions_per_tenant = absl::GetFlag(FLAGS_max_regions_per_tenant);
@@ -214,7 +313,13 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
            {"max_regions_per_tenant", opt.region_limits.max_regions_per_tenant},
            {"max_region_bytes", absl::GetFlag(FLAGS_max_region_bytes)},
            {"metrics_request_timeout_ms", opt.metrics_http.request_timeout_ms},
-           {"drain_timeout_s", opt.drain_timeout_s}}) {
+           {"drain_timeout_s", opt.drain_timeout_s},
+           {"max_concurrent_streams", opt.grpc_limits.max_concurrent_streams},
+           {"max_connection_idle_ms", opt.grpc_limits.max_connection_idle_ms},
+           {"keepalive_time_ms", opt.grpc_limits.keepalive_time_ms},
+           {"keepalive_timeout_ms", opt.grpc_limits.keepalive_timeout_ms},
+           {"max_unanswered_per_stream", opt.max_unanswered_per_stream},
+           {"max_receive_message_bytes", opt.grpc_limits.max_receive_message_bytes}}) {
     if (absl::Status s = CheckPositive(flag, value); !s.ok()) return s;
   }
   if (opt.backend_config.num_q_heads % cache.num_kv_heads != 0) {

@@ -5,6 +5,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,7 +13,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <fstream>
+#include <limits>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,7 +83,8 @@ ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& mode
                                 const std::string& backend_name) {
   ServiceConfig config;
   config.model = model;
-  config.auth_token = opt.auth_token;
+  config.auth = opt.auth;
+  config.max_unanswered_per_stream = opt.max_unanswered_per_stream;
   config.answer_threads = opt.answer_threads;
   config.max_decode_batch_items = opt.max_decode_batch_items;
   config.allow_client_shm = opt.allow_client_shm;
@@ -101,6 +106,80 @@ ServiceConfig MakeServiceConfig(const ServerOptions& opt, const ModelShape& mode
   info.set_max_topk(model.max_topk);
   info.set_server_version(kVersion);
   return config;
+}
+
+// TLS from the PEM files (mutual when a client CA is given), or plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsOf(const TlsFiles& tls) {
+  if (tls.cert_file.empty()) return grpc::InsecureServerCredentials();
+  auto read = [](const std::string& path, const char* flag) -> absl::StatusOr<std::string> {
+    std::ifstream in(path);
+    if (!in)
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read '", path, "'"));
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  grpc::SslServerCredentialsOptions options;
+  absl::StatusOr<std::string> cert = read(tls.cert_file, "tls_cert_file");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = read(tls.key_file, "tls_key_file");
+  if (!key.ok()) return key.status();
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = read(tls.client_ca_file, "tls_client_ca_file");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+// True for an address only this host reaches (loopback or a Unix socket).
+bool LoopbackOnly(const std::string& address) {
+  return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
+         absl::StartsWith(address, "[::1]:") || absl::StartsWith(address, "unix:");
+}
+
+// Loud lines for a server that anyone on the network may call or read.
+void WarnAboutExposure(const ServerOptions& opt) {
+  if (!LoopbackOnly(opt.listen) && opt.tls.cert_file.empty() && !opt.auth.bound()) {
+    spdlog::warn(
+        "*** gRPC listens on {} beyond loopback without TLS and without tokens: anyone who "
+        "reaches the port can read and write every sequence (--tls_cert_file, "
+        "--auth_tokens_file) ***",
+        opt.listen);
+  } else if (!LoopbackOnly(opt.listen) && opt.tls.cert_file.empty()) {
+    spdlog::warn("gRPC listens on {} beyond loopback without TLS: tokens travel in the clear",
+                 opt.listen);
+  }
+  if (!opt.metrics_listen.empty() && !LoopbackOnly(opt.metrics_listen) &&
+      opt.metrics_http.tls_certificate.empty()) {
+    spdlog::warn("/metrics listens on {} beyond loopback without TLS (it needs no token)",
+                 opt.metrics_listen);
+  }
+  if (opt.tokens_file_readable_by_others) {
+    spdlog::warn("--auth_tokens_file is readable by group or others: chmod 600 it");
+  }
+  if (opt.single_token_bytes > 0) {
+    spdlog::warn("--auth_token is visible in ps and /proc: prefer --auth_tokens_file{}",
+                 opt.single_token_bytes < kMinTokenBytes
+                     ? absl::StrCat(" (and a token of at least ", kMinTokenBytes, " bytes)")
+                     : "");
+  }
+}
+
+// The connection limits as channel arguments.
+void ApplyLimits(const GrpcLimits& limits, grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(limits.max_receive_message_bytes, std::numeric_limits<int>::max())));
+  builder->SetMaxSendMessageSize(256 << 20);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, limits.max_connection_idle_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, limits.keepalive_time_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, limits.keepalive_timeout_ms);
+  // Clients may ping as often as the server does without being told to go away.
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              std::min(limits.keepalive_time_ms, 10000));
 }
 
 int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
@@ -232,13 +311,16 @@ int Run(const ServerOptions& opt, std::chrono::milliseconds drain_linger) {
   }
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (opt.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsOf(opt.tls);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  WarnAboutExposure(opt);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(opt.listen, *credentials, &port);
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(256 << 20);  // prefill of long sequences
-  builder.SetMaxSendMessageSize(256 << 20);
+  ApplyLimits(opt.grpc_limits, &builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail(absl::StrCat("cannot listen on '", opt.listen, "'"));
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();

@@ -6,10 +6,26 @@
 
 #include "absl/status/statusor.h"
 #include "server/backend.h"
+#include "server/credentials.h"
 #include "server/metrics_http.h"
 #include "server/shm_region.h"
 
 namespace sds::server {
+
+// PEM files of the gRPC listener's TLS.
+struct TlsFiles {
+  std::string cert_file, key_file;
+  std::string client_ca_file;  // mutual TLS: clients must present a certificate it signed
+};
+
+// Connection-level limits of the gRPC server (channel arguments).
+struct GrpcLimits {
+  int32_t max_concurrent_streams = 1024;
+  int32_t max_connection_idle_ms = 300000;
+  int32_t keepalive_time_ms = 60000;
+  int32_t keepalive_timeout_ms = 20000;
+  int64_t max_receive_message_bytes = int64_t{256} << 20;
+};
 
 struct ServerOptions {
   std::string listen;          // gRPC address, host:port
@@ -26,7 +42,13 @@ struct ServerOptions {
   int32_t idle_spin_us = 0;        // 0: the batcher threads sleep at once
   int32_t concurrent_batches = 0;  // 0: Backend::max_concurrent_runs()
   int32_t drain_timeout_s = 0;
-  std::string auth_token;                 // empty = no authentication
+  CallerAuth auth;                              // tokens, certificate tenancy (credentials.h)
+  bool tokens_file_readable_by_others = false;  // warned about at start
+  size_t single_token_bytes = 0;                // --auth_token's length (warned about)
+  bool reflection = true;
+  TlsFiles tls;  // empty: plaintext gRPC
+  GrpcLimits grpc_limits;
+  int32_t max_unanswered_per_stream = 4096;
   int32_t max_decode_batch_items = 1024;  // requests per DecodeBatch call
   MetricsHttpOptions metrics_http;
   bool allow_client_shm = false;  // shared-memory regions (shm_region.h)

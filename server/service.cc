@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "server/auth.h"
@@ -152,7 +153,7 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
 absl::StatusOr<std::string> DecodeServiceImpl::Admit(
     const grpc::CallbackServerContext& context) const {
   if (draining_.load()) return absl::UnavailableError("server is draining");
-  return Authenticate(context, config_.auth_token);
+  return config_.auth.TenantOf(context);
 }
 
 void DecodeServiceImpl::StartDraining() {
@@ -167,12 +168,18 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::GetModelInfo(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* reply) {
   return ServeTyped<v1::GetModelInfoRequest, v1::ModelInfo>(
       context, metrics_, "GetModelInfo", Admit(*context), wire, reply,
-      [&](const std::string&, const v1::GetModelInfoRequest&, v1::ModelInfo* response,
+      [&](const std::string& tenant, const v1::GetModelInfoRequest&, v1::ModelInfo* response,
           const auto& finish) {
         *response = config_.info;
         const CacheStats stats = backend_->cache().Stats();
         response->set_total_pages(stats.pages_total);
         response->set_free_pages(stats.pages_free);
+        const CacheStats own = backend_->cache().TenantStats(tenant);
+        response->set_tenant(tenant);
+        response->set_tenant_sequences(own.sequences);
+        response->set_tenant_pages_used(own.pages_used);
+        response->set_tenant_max_sequences(backend_->cache().config().max_sequences_per_tenant);
+        response->set_tenant_max_pages(backend_->cache().config().max_pages_per_tenant);
         finish(absl::OkStatus());
       });
 }
@@ -191,9 +198,12 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::CreateSequence(grpc::CallbackServer
               absl::StrCat("reserve_tokens ", request.reserve_tokens(), " must be >= 0")));
         }
         const std::string key = SequenceKey(tenant, id);
-        absl::Status s = backend_->cache().CreateSequence(key, request.reserve_tokens());
+        absl::Status s = backend_->cache().CreateSequence(key, request.reserve_tokens(), tenant);
         if (s.code() == absl::StatusCode::kAlreadyExists) {
           s = absl::AlreadyExistsError(absl::StrCat("sequence '", id, "' already exists"));
+        } else if (s.code() == absl::StatusCode::kResourceExhausted &&
+                   absl::StrContains(s.message(), "tenant")) {
+          // A tenant limit: its message names it; the pool may have room.
         } else if (s.code() == absl::StatusCode::kResourceExhausted) {
           s = absl::ResourceExhaustedError(absl::StrCat("cache full: cannot reserve ",
                                                         request.reserve_tokens(), " tokens for '",
@@ -352,6 +362,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeServiceImpl::
   env.draining = &draining_;
   env.call_bytes = DecodeCallBytes(config_.model);
   env.answer_pool = answer_pool_.get();
+  env.max_unanswered = config_.max_unanswered_per_stream;
   env.on_done = [this](DecodeStreamReactor* stream) {
     std::lock_guard<std::recursive_mutex> lock(streams_mu_);
     streams_.erase(stream);

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/credentials.h"
 #include "server/decode_submit.h"
 #include "server/metrics.h"
 #include "server/model_shape.h"
@@ -53,8 +54,9 @@ using DecodeServiceBase = generated::DecodeService::WithRawCallbackMethod_GetMod
 
 struct ServiceConfig {
   ModelShape model;
-  std::string auth_token;
-  int32_t answer_threads = 0;  // DecodeStream answer pool (task_pool.h); 0 = none
+  CallerAuth auth;                           // who a caller is (credentials.h)
+  int32_t max_unanswered_per_stream = 4096;  // DecodeStream (--max_unanswered_per_stream)
+  int32_t answer_threads = 0;                // DecodeStream answer pool (task_pool.h); 0 = none
   int32_t max_decode_batch_items =
       1024;  // requests per DecodeBatch call (--max_decode_batch_items)
   // --allow_client_shm: RegisterRegion and region refs in DecodeLayer (shm_region.h).

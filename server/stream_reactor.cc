@@ -166,9 +166,9 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
     if (finished_ || drained_) {
       reads_done_ = true;
       MaybeFinishLocked();
-    } else if (pending_ + static_cast<int64_t>(writes_.size()) >= kMaxUnanswered) {
+    } else if (pending_ + static_cast<int64_t>(writes_.size()) >= env_.max_unanswered) {
       read_paused_ = true;  // back-pressure: the client reads its answers too slowly
-      spdlog::debug("DecodeStream: paused reading at {} unanswered requests", kMaxUnanswered);
+      spdlog::debug("DecodeStream: paused reading at {} unanswered requests", env_.max_unanswered);
     } else {
       try {
         StartNextReadLocked();
@@ -184,7 +184,7 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
 
 void DecodeStreamReactor::MaybeResumeReadLocked() {
   if (!read_paused_ || finished_ || drained_ || reads_done_) return;
-  if (pending_ + static_cast<int64_t>(writes_.size()) > kMaxUnanswered / 2) return;
+  if (pending_ + static_cast<int64_t>(writes_.size()) > env_.max_unanswered / 2) return;
   read_paused_ = false;
   StartNextReadLocked();
 }

@@ -41,6 +41,9 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     std::function<void(DecodeStreamReactor*)> on_done;  // called once, before deletion
     size_t call_bytes = 64 * 1024;    // first arena block of a message (DecodeCallBytes)
     TaskPool* answer_pool = nullptr;  // writes answers of multi-request batches; may be null
+    // Requests read but not yet written back; beyond this the stream stops reading until
+    // the client has taken half of its answers. Bounds a slow reader's memory.
+    int64_t max_unanswered = 4096;
   };
 
   // Starts reading. When `admit` is not OK the stream finishes with it at once.
@@ -105,9 +108,6 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void MaybeFinishLocked();                        // requires mu_
   void MaybeResumeReadLocked();                    // requires mu_
 
-  // Requests read but not yet written back; beyond this the stream stops reading until
-  // the client has taken half of its answers. Bounds a slow reader's memory.
-  static constexpr int64_t kMaxUnanswered = 4096;
   static constexpr size_t kMaxFreeCalls = 8;
   // A request read this soon after this stream's last answer was sent came in a burst:
   // no gRPC client reads an answer and sends its next request this fast (on loopback a

@@ -99,9 +99,12 @@ int DecodeWaitStatus(int status) {
 
 }  // namespace
 
-std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags,
-                                                    std::string* error) {
+std::unique_ptr<ServerProcess> ServerProcess::Start(
+    const std::vector<std::string>& flags, std::string* error,
+    std::shared_ptr<grpc::ChannelCredentials> credentials, const std::string& ssl_target) {
   std::unique_ptr<ServerProcess> server(new ServerProcess());
+  server->credentials_ = std::move(credentials);
+  server->ssl_target_ = ssl_target;
   server->log_path_ = TempPath("server.log");
   std::vector<std::string> args = {DecodeServerPath(), "--backend=" + TestBackend(),
                                    "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
@@ -152,7 +155,9 @@ std::shared_ptr<grpc::Channel> ServerProcess::NewChannel() const {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt("grpc.use_local_subchannel_pool", 1);  // its own connection
-  return grpc::CreateCustomChannel(address(), grpc::InsecureChannelCredentials(), args);
+  if (!ssl_target_.empty()) args.SetSslTargetNameOverride(ssl_target_);
+  return grpc::CreateCustomChannel(
+      address(), credentials_ != nullptr ? credentials_ : grpc::InsecureChannelCredentials(), args);
 }
 
 void ServerProcess::Signal(int signal_number) const {

@@ -18,8 +18,12 @@ class ServerProcess {
   // Starts decode_server with TestBackend(), --listen/--metrics_listen on
   // 127.0.0.1:0 plus `flags`, and waits until it reports its ports (self-test passed)
   // and answers health checks with SERVING. nullptr and `error` (with the log) if not.
-  static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags,
-                                              std::string* error);
+  // `credentials` (default: plaintext) for every channel to it, the health wait's
+  // included; `ssl_target` overrides the name a TLS certificate is checked against.
+  static std::unique_ptr<ServerProcess> Start(
+      const std::vector<std::string>& flags, std::string* error,
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+      const std::string& ssl_target = "");
   ~ServerProcess();  // SIGKILL if still running
 
   int grpc_port() const { return grpc_port_; }
@@ -39,6 +43,8 @@ class ServerProcess {
   int metrics_port_ = 0;
   int exit_status_ = -1;
   std::string log_path_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::string ssl_target_;
 };
 
 // The backend the integration tests run the server with: $SDS_TEST_BACKEND, "cpu"

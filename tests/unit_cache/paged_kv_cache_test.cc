@@ -475,5 +475,49 @@ TEST(PagedKvCache, ConcurrentSequencesDoNotLeak) {
   EXPECT_EQ(StatsTuple(cache->Stats()), std::make_tuple(256, 0, 256, 0, 0));
 }
 
+// Per-tenant limits: a tenant's pages (shared ones once) and sequences are counted and
+// capped on their own; another tenant is not affected; releases give the room back.
+TEST(PagedKvCache, TenantLimitsCountEachTenantAlone) {
+  CacheConfig c = SmallConfig(16);
+  c.max_pages_per_tenant = 4;
+  c.max_sequences_per_tenant = 3;
+  auto cache = MakeCache(c);
+  ASSERT_TRUE(cache->CreateSequence("a1", 8, "A").ok());  // 2 pages
+  ASSERT_TRUE(cache->ForkSequence("a1", "a2").ok());      // shares them: still 2
+  EXPECT_EQ(cache->TenantStats("A").pages_used, 2);
+  EXPECT_EQ(cache->TenantStats("A").sequences, 2);
+  EXPECT_EQ(cache->TenantStats("A").pages_free, 2);
+  EXPECT_EQ(cache->TenantStats("A").pages_total, 4);
+  // Writing into a shared page copies it: one more page for A (3), then 2 more do not fit.
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->PrepareWrite("a2", 0, 0, 1, &slots).ok());
+  EXPECT_EQ(cache->TenantStats("A").pages_used, 3);
+  absl::Status over = cache->CreateSequence("a3", 8, "A");
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("max_pages_per_tenant"));
+  EXPECT_FALSE(cache->Contains("a3"));
+  absl::Status write = cache->PrepareWrite("a1", 0, 0, 12, &slots);  // 3 pages, 1 missing
+  EXPECT_EQ(write.code(), absl::StatusCode::kResourceExhausted) << write;
+  EXPECT_THAT(write.message(), HasSubstr("max_pages_per_tenant"));
+  ASSERT_TRUE(cache->CreateSequence("a3", 0, "A").ok());
+  absl::Status many = cache->CreateSequence("a4", 0, "A");
+  EXPECT_EQ(many.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(many.message(), HasSubstr("max_sequences_per_tenant"));
+  EXPECT_EQ(cache->ForkSequence("a1", "a4").code(), absl::StatusCode::kResourceExhausted);
+  // B is not limited by A's use.
+  ASSERT_TRUE(cache->CreateSequence("b1", 16, "B").ok());
+  EXPECT_EQ(cache->TenantStats("B").pages_used, 4);
+  EXPECT_EQ(cache->TenantStats("B").sequences, 1);
+  // Releases give A's room back; an unknown tenant has nothing.
+  ASSERT_TRUE(cache->ReleaseSequence("a1").ok());
+  ASSERT_TRUE(cache->ReleaseSequence("a2").ok());
+  ASSERT_TRUE(cache->ReleaseSequence("a3").ok());
+  EXPECT_EQ(cache->TenantStats("A").pages_used, 0);
+  EXPECT_EQ(cache->TenantStats("A").sequences, 0);
+  EXPECT_TRUE(cache->CreateSequence("a5", 16, "A").ok());
+  EXPECT_EQ(cache->TenantStats("nobody").pages_used, 0);
+  EXPECT_EQ(cache->Stats().pages_used, 8);
+}
+
 }  // namespace
 }  // namespace sds
