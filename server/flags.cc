@@ -111,8 +111,6 @@ ABSL_FLAG(std::string, tls_cert_file, "", "PEM certificate (chain) of the gRPC l
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
-ABSL_FLAG(std::string, metrics_tls_cert_file, "",
-          "PEM holding the key and certificate of /metrics: HTTPS");
 ABSL_FLAG(int32_t, max_concurrent_streams, 1024,
           "concurrent calls (streams) per client connection (HTTP/2 SETTINGS)");
 ABSL_FLAG(int32_t, max_connection_idle_ms, 300000,
@@ -284,7 +282,6 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (absl::GetFlag(FLAGS_tenant_from_client_cert) && opt.tls.client_ca_file.empty()) {
     return Bad("--tenant_from_client_cert needs --tls_client_ca_file (mutual TLS)");
   }
-  opt.metrics_http.tls_certificate = absl::GetFlag(FLAGS_metrics_tls_cert_file);
   opt.grpc_limits.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   opt.grpc_limits.max_connection_idle_ms = absl::GetFlag(FLAGS_max_connection_idle_ms);
   opt.grpc_limits.keepalive_time_ms = absl::GetFlag(FLAGS_keepalive_time_ms);

@@ -152,10 +152,13 @@ void WarnAboutExposure(const ServerOptions& opt) {
     spdlog::warn("gRPC listens on {} beyond loopback without TLS: tokens travel in the clear",
                  opt.listen);
   }
-  if (!opt.metrics_listen.empty() && !LoopbackOnly(opt.metrics_listen) &&
-      opt.metrics_http.tls_certificate.empty()) {
-    spdlog::warn("/metrics listens on {} beyond loopback without TLS (it needs no token)",
-                 opt.metrics_listen);
+  if (!opt.metrics_listen.empty() && !LoopbackOnly(opt.metrics_listen)) {
+    // Plain HTTP: bookworm's civetweb 1.15 crashed on its first HTTPS connection with
+    // OpenSSL 3, so TLS for /metrics belongs in front of it (server/README.md).
+    spdlog::warn(
+        "/metrics listens on {} beyond loopback over plain HTTP, without a token: bind it to a "
+        "pod-internal address or put TLS in front of it",
+        opt.metrics_listen);
   }
   if (opt.tokens_file_readable_by_others) {
     spdlog::warn("--auth_tokens_file is readable by group or others: chmod 600 it");

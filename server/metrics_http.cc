@@ -57,30 +57,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const MetricsHttpOptions& http_options) {
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->render_ = std::move(render);
-  const bool tls = !http_options.tls_certificate.empty();
-  mg_init_library(tls ? MG_FEATURES_TLS : 0);
-  if (tls && mg_check_feature(MG_FEATURES_TLS) == 0) {
-    return absl::UnavailableError(
-        "--metrics_tls_cert_file: this civetweb cannot serve HTTPS (built without TLS, or its "
-        "OpenSSL library cannot be loaded)");
-  }
+  mg_init_library(0);
   const std::string threads = std::to_string(http_options.threads);
   const std::string timeout = std::to_string(http_options.request_timeout_ms);
-  const std::string listening = tls ? listen + "s" : listen;  // civetweb: "s" marks HTTPS
-  std::vector<const char*> options = {"listening_ports", listening.c_str(),    "num_threads",
-                                      threads.c_str(),   "request_timeout_ms", timeout.c_str()};
-  if (tls) {
-    options.push_back("ssl_certificate");
-    options.push_back(http_options.tls_certificate.c_str());
-  }
-  options.push_back(nullptr);
+  const char* options[] = {"listening_ports",    listen.c_str(),  "num_threads", threads.c_str(),
+                           "request_timeout_ms", timeout.c_str(), nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof callbacks);
-  server->context_ = mg_start(&callbacks, nullptr, options.data());
+  server->context_ = mg_start(&callbacks, nullptr, options);
   if (server->context_ == nullptr) {
     return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on '", listen, "' (address in use or invalid",
-                     tls ? ", or the TLS certificate file cannot be read" : "", "?)"));
+        absl::StrCat("cannot serve /metrics on '", listen, "' (address in use or invalid?)"));
   }
   mg_set_request_handler(server->context_, "/metrics", &MetricsHttpServer::Handle, server.get());
   mg_server_port ports[4];

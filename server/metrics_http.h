@@ -20,8 +20,6 @@ namespace sds::server {
 struct MetricsHttpOptions {
   int32_t threads = 8;                // --metrics_threads
   int32_t request_timeout_ms = 5000;  // --metrics_request_timeout_ms: per read and write
-  // --metrics_tls_cert_file: PEM holding the server's key and certificate; HTTPS when set.
-  std::string tls_certificate;
 };
 
 class MetricsHttpServer {
