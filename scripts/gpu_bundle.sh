@@ -25,7 +25,7 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 wanted=(sds_gpu_tests sds_gpu_bench decode_server sds_loadgen)
 server_bins=(decode_server echo_server decode_loadgen itest_decode_test itest_errors_test
-  itest_fork_release_test itest_drain_test itest_metrics_test)
+  itest_fork_release_test itest_drain_test itest_metrics_test itest_tenancy_test)
 must=(sds_gpu_tests sds_gpu_bench)
 if [[ $server -eq 1 ]]; then
   wanted+=("${server_bins[@]:1}")
