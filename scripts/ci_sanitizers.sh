@@ -3,7 +3,9 @@
 #  1. the unit and integration suites (ctest) built with gcc and
 #     -DSDS_SANITIZE=address,undefined in build-asan: no CUDA, no benchmarks; every test
 #     but the `gpu` label (there is no CUDA build here);
-#  2. the libFuzzer targets (scripts/fuzz.sh) for FUZZ_SECONDS each in build-fuzz.
+#  2. the libFuzzer targets (scripts/fuzz.sh) for FUZZ_SECONDS each in build-fuzz;
+#  3. ThreadSanitizer over unit_server_tests but ServiceTest (scripts/tsan_unit_server.sh)
+#     in build-tsan.
 #   scripts/ci_sanitizers.sh      Env: FUZZ_SECONDS (default 45), JOBS (default nproc)
 # Prints how long each step took.
 set -euo pipefail
@@ -35,3 +37,6 @@ step "ASan+UBSan ctest"
 
 JOBS=$JOBS bash scripts/fuzz.sh "$FUZZ_SECONDS"
 step "fuzzing (${FUZZ_SECONDS} s per target)"
+
+JOBS=$JOBS bash scripts/tsan_unit_server.sh
+step "ThreadSanitizer"
