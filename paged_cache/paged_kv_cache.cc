@@ -224,7 +224,9 @@ struct PagedKvCache::Impl {
   absl::Status CheckTenantPages(const TenantUse* owner, int64_t pages,
                                 const std::string& what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int64_t limit = config.max_pages_per_tenant;
-    if (limit <= 0 || pages <= 0 || owner->pages + pages <= limit) return absl::OkStatus();
+    if (limit <= 0 || pages <= 0 || owner->name.empty() || owner->pages + pages <= limit) {
+      return absl::OkStatus();
+    }
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant page limit: ", what, " needs ", pages, " more pages and the tenant holds ",
         owner->pages, " of its ", limit, " (max_pages_per_tenant); release sequences"));
@@ -232,7 +234,7 @@ struct PagedKvCache::Impl {
   absl::Status CheckTenantSequences(const TenantUse* owner) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int64_t limit = config.max_sequences_per_tenant;
-    if (limit <= 0 || owner->sequences < limit) return absl::OkStatus();
+    if (limit <= 0 || owner->name.empty() || owner->sequences < limit) return absl::OkStatus();
     return absl::ResourceExhaustedError(
         absl::StrCat("tenant sequence limit: the tenant has ", owner->sequences, " of its ", limit,
                      " sequences (max_sequences_per_tenant); release one first"));

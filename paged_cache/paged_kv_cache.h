@@ -30,7 +30,8 @@ struct CacheConfig {
   std::vector<float> layer_k_scales;  // [num_layers], per_tensor mode; empty = all 1.0
   std::vector<float> layer_v_scales;
   // Limits per tenant (the `tenant` a sequence is created for; its forks keep it); 0 =
-  // none. Pages count once per tenant however many of its sequences share them.
+  // none. Pages count once per tenant however many of its sequences share them. The
+  // empty tenant (the server's own sequences, callers that name none) has no limits.
   int64_t max_pages_per_tenant = 0;
   int64_t max_sequences_per_tenant = 0;
 };

@@ -41,8 +41,9 @@ void AnswerAll(std::vector<DecodeWork>& works, const absl::Status& status) {
     try {
       Complete(d, {&status, 1});
     } catch (const std::exception& e) {
-      spdlog::critical("batcher: exception from the completion of a unit of {} ('{}' first): {}",
-                       d.items.size(), d.items.empty() ? "" : d.items[0]->key, e.what());
+      // Not its items' keys: a completion may have freed them before it threw.
+      spdlog::critical("batcher: exception from the completion of a unit of {}: {}", d.items.size(),
+                       e.what());
     }
   }
 }
@@ -72,17 +73,19 @@ Batcher::Batcher(const BatcherOptions& options, Executor* executor,
                  std::vector<std::unique_ptr<StagingBuffer>> staging)
     : options_(options), executor_(executor), staging_(std::move(staging)) {
   for (int i = 0; i < static_cast<int>(staging_.size()); ++i) free_buffers_.push_back(i);
+  rows_.resize(staging_.size());
+  for (std::vector<const DecodeItem*>& rows : rows_) rows.reserve(options_.max_batch_size);
   if (options_.staging_threads > 1)
     fill_pool_ = std::make_unique<CpuThreadPool>(options_.staging_threads);
 }
 
-void Batcher::FillStaging(Ready& ready) {
+void Batcher::FillStaging(const Ready& ready) {
   // Below this many rows (~22 KB each at the seed shape) waking the pool costs about
   // what it saves.
   constexpr size_t kPoolFillRows = 16;
   StagingBuffer& staging = *staging_[ready.buffer];
-  std::vector<const DecodeItem*>& rows = ready.rows;  // row r: the batch's r-th item
-  rows.clear();
+  std::vector<const DecodeItem*>& rows = rows_[ready.buffer];  // row r: the r-th item
+  rows.clear();  // reserved for max_batch_size at construction: no allocation
   for (const DecodeWork& unit : ready.decodes)
     rows.insert(rows.end(), unit.items.begin(), unit.items.end());
   staging.PlanIndices(static_cast<int32_t>(rows.size()),
@@ -254,13 +257,12 @@ std::vector<absl::Status> Batcher::SubmitDecodes(std::vector<DecodeWork>* works)
           head.items.resize(static_cast<size_t>(room));
           head.closes_batch = true;
           Entry queued_head(std::move(head));
-          AddOutstanding(1);  // one more entry, counted before it is visible
           if (PushLocked(queued_head, true, false, &wake).ok()) {
+            // One more entry, counted while queue_mu_ still hides it from the assembler.
+            AddOutstanding(1);
             auto& items = (*works)[i].items;
             items.erase(items.begin(), items.begin() + room);
             queued_heads = true;
-          } else {
-            Completed(1);
           }
         } catch (const std::exception&) {
           // Not split: the whole unit goes through PushLocked below.
@@ -530,9 +532,12 @@ void Batcher::RunClaimedUnit(SubmitterRun* claim) {
   }
   // Not run: answer its requests, then release the unit (running_, the staging
   // buffer) as RunReady would, so that the batcher does not wedge.
+  // The resources first, as RunReady: the completions may free the items the in-flight
+  // sequences are read from.
+  ReleaseResources(ready);
   AnswerAll(ready.decodes, absl::InternalError("internal error while staging the batch; "
                                                "it was not run"));
-  ReleaseUnit(ready, static_cast<int64_t>(ready.decodes.size()));
+  FinishUnit(static_cast<int64_t>(ready.decodes.size()));
 }
 
 void Batcher::SubmitterRun::Run() {
@@ -559,7 +564,7 @@ void Batcher::AssemblerLoop() {
 
     Ready ready;
     if (!decodes.empty()) {
-      // The copy from protobuf bytes into staging runs while the executor computes.
+      // The copy of the items' tensors into staging runs while the executor computes.
       ready.buffer = buffer;
       ready.decodes = std::move(decodes);
       FillStaging(ready);

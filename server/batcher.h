@@ -87,9 +87,8 @@ class Batcher {
   using Entry = std::variant<DecodeWork, AppendWork, ControlWork>;
   struct Ready {  // what the assembler hands to the executor
     int buffer = -1;
-    std::vector<DecodeWork> decodes;      // units
-    std::vector<const DecodeItem*> rows;  // their items in order: staging row r (FillStaging)
-    std::unique_ptr<Entry> single;        // an AppendWork or ControlWork
+    std::vector<DecodeWork> decodes;  // units
+    std::unique_ptr<Entry> single;    // an AppendWork or ControlWork
   };
 
  public:
@@ -202,17 +201,20 @@ class Batcher {
   void RunClaimedUnit(SubmitterRun* claim);
   // The last touch of a claim's run: claims_in_flight_ down, Stop woken.
   void ClaimDone();
-  // Lists the items of `ready` in `ready.rows` and copies their tensors into its staging
-  // buffer rows: on the fill pool for batches of at least 16 items when no other fill
-  // holds it, else on this thread. PlanIndices and FillRow only sum sizes and copy bytes;
-  // only the list's allocation can throw (bad_alloc).
-  void FillStaging(Ready& ready);
+  // Lists the items of `ready` (rows_ of its buffer) and copies their tensors into its
+  // staging buffer rows: on the fill pool for batches of at least 16 items when no other
+  // fill holds it, else on this thread. PlanIndices and FillRow only sum sizes and copy
+  // bytes, and the list has its room, so neither way throws.
+  void FillStaging(const Ready& ready);
   void AddOutstanding(int64_t items);
   void Completed(int64_t items);
 
   const BatcherOptions options_;
   Executor* const executor_;
   std::vector<std::unique_ptr<StagingBuffer>> staging_;
+  // Per staging buffer: the items of its batch in row order (FillStaging), reserved for
+  // max_batch_size so that filling allocates nothing.
+  std::vector<std::vector<const DecodeItem*>> rows_;
   // BatcherOptions::staging_threads > 1: the fill pool, one fill at a time (the
   // assembler's and a claimed batch's may overlap; the later one copies on its own).
   std::unique_ptr<CpuThreadPool> fill_pool_;

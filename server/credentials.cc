@@ -29,6 +29,13 @@ std::string CertificateTenant(const grpc::CallbackServerContext& context) {
   return {};
 }
 
+// Comparison whose time does not depend on where the strings differ.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ (i < b.size() ? b[i] : 0);
+  return diff == 0;
+}
+
 }  // namespace
 
 bool ValidTenantName(absl::string_view tenant) {
@@ -75,10 +82,11 @@ absl::StatusOr<CallerAuth> CallerAuth::Create(const CallerAuthOptions& options) 
     if (absl::Status s = add(std::string(fields[0]), std::string(fields[1]), where, true); !s.ok())
       return s;
   }
-  if (!options.single_token.empty()) {
-    if (absl::Status s = add("default", options.single_token, "--auth_token", false); !s.ok())
-      return s;
+  if (!options.single_token.empty() && !auth.tenant_of_token_.empty()) {
+    return absl::InvalidArgumentError(
+        "give --auth_token (one token, tenants by x-tenant-id) or a token list, not both");
   }
+  auth.single_token_ = options.single_token;
   return auth;
 }
 
@@ -94,6 +102,11 @@ absl::StatusOr<std::string> CallerAuth::TenantOf(const grpc::CallbackServerConte
       return absl::UnauthenticatedError(
           "no client certificate with a common name (the server takes the tenant from it)");
     }
+    if (!ValidTenantName(tenant)) {
+      return absl::UnauthenticatedError(
+          "the client certificate's common name is not a tenant name (1-256 printable ASCII "
+          "bytes without spaces)");
+    }
   }
   if (!tenant_of_token_.empty()) {
     absl::string_view authorization = Metadata(context, "authorization");
@@ -102,8 +115,8 @@ absl::StatusOr<std::string> CallerAuth::TenantOf(const grpc::CallbackServerConte
           "missing metadata 'authorization: Bearer <token>' (the server requires a token)");
     }
     absl::string_view token = authorization;
-    // A hash lookup: its time depends on the token's hash, not on how much of a
-    // configured token a guess matches.
+    // A hash lookup: a guess is compared with a configured token only when their hashes
+    // match, so its time tells next to nothing about how much of a token it got right.
     auto it = absl::ConsumePrefix(&token, "Bearer ") ? tenant_of_token_.find(token)
                                                      : tenant_of_token_.end();
     if (it == tenant_of_token_.end()) {
@@ -114,6 +127,17 @@ absl::StatusOr<std::string> CallerAuth::TenantOf(const grpc::CallbackServerConte
           "the bearer token belongs to another tenant than the client certificate");
     }
     tenant = it->second;
+  }
+  if (!single_token_.empty()) {
+    absl::string_view authorization = Metadata(context, "authorization");
+    if (authorization.empty()) {
+      return absl::UnauthenticatedError(
+          "missing metadata 'authorization: Bearer <token>' (the server requires a token)");
+    }
+    if (!absl::ConsumePrefix(&authorization, "Bearer ") ||
+        !SameSecret(authorization, single_token_)) {
+      return absl::UnauthenticatedError("invalid bearer token in metadata 'authorization'");
+    }
   }
   if (!bound()) return header.empty() ? std::string("default") : std::string(header);
   if (!header.empty() && header != tenant) {

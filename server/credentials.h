@@ -1,9 +1,10 @@
 // Who a caller is: the tenant its credentials name (server/README.md, "Tenants").
 //
 // Without credentials the tenant is a namespace only: x-tenant-id as the caller sets it
-// ("default" without one); any caller can name any tenant. With tokens (--auth_tokens_file,
-// --auth_tokens_env, or the single --auth_token of tenant "default") every call needs
-// "authorization: Bearer <token>", and its tenant is the one its token names; an
+// ("default" without one); any caller can name any tenant. The single --auth_token keeps
+// that namespace (every call needs the token, and x-tenant-id still picks the tenant, as
+// before tokens named tenants). With tokens (--auth_tokens_file, --auth_tokens_env) every
+// call needs "authorization: Bearer <token>", and its tenant is the one its token names; an
 // x-tenant-id header may only repeat it (another value is PERMISSION_DENIED, never a
 // switch of tenant). With --tenant_from_client_cert (mutual TLS) the tenant is the client
 // certificate's common name, and a token, where tokens are required as well, must name
@@ -31,14 +32,15 @@ struct CallerAuthOptions {
   // environment variable's value).
   std::string tokens_text;
   std::string where = "tokens";  // names the source in parse errors
-  std::string single_token;      // --auth_token: the token of tenant "default"
+  std::string single_token;      // --auth_token: one token, tenants by x-tenant-id
   bool tenant_from_client_cert = false;
 };
 
 class CallerAuth {
  public:
   // INVALID_ARGUMENT naming the line of a malformed entry, an invalid tenant name, a
-  // listed token shorter than kMinTokenBytes, or a token given twice.
+  // listed token shorter than kMinTokenBytes, a token given twice, or a single token
+  // beside a list.
   static absl::StatusOr<CallerAuth> Create(const CallerAuthOptions& options);
   CallerAuth() = default;  // no credentials: x-tenant-id namespacing
 
@@ -50,10 +52,13 @@ class CallerAuth {
 
   // Tenants come from credentials, not from what the caller says.
   bool bound() const { return !tenant_of_token_.empty() || from_cert_; }
+  // Every call needs a token or a client certificate.
+  bool required() const { return bound() || !single_token_.empty(); }
   size_t num_tokens() const { return tenant_of_token_.size(); }
 
  private:
   absl::flat_hash_map<std::string, std::string> tenant_of_token_;
+  std::string single_token_;
   bool from_cert_ = false;
 };
 

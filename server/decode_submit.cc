@@ -22,11 +22,14 @@ absl::Status QueueFailure(const std::exception& e) {
 
 void DecodeAdmission::Submit(absl::Span<DecodeItem* const> items, DecodeSink* sink,
                              Clock::time_point deadline, const std::function<bool()>& cancelled,
-                             Batcher::SubmitterRun* claim) const {
+                             bool whole_batch, Batcher::SubmitterRun* claim) const {
   if (items.empty()) return;
   std::vector<absl::Status> status;
+  std::vector<DecodeItem*> admitted;  // for taking the counts back (allocated up front)
   try {
     status.resize(items.size());
+    admitted.reserve(items.size());
+    pending_->Reserve(items.size());   // CheckAndAddItems then allocates nothing
   } catch (const std::exception& e) {  // bad_alloc: nothing counted yet
     const absl::Status failed = QueueFailure(e);
     for (DecodeItem* item : items) sink->Done({&item, 1}, {&failed, 1});
@@ -45,11 +48,11 @@ void DecodeAdmission::Submit(absl::Span<DecodeItem* const> items, DecodeSink* si
   std::vector<absl::Status> refused_status;
   std::vector<DecodeWork> units;
   try {
-    BuildUnits(items, status, sink, deadline, cancelled, &refused, &refused_status, &units);
+    BuildUnits(items, status, sink, deadline, cancelled, whole_batch, &refused, &refused_status,
+               &units);
   } catch (const std::exception& e) {
-    std::vector<DecodeItem*> admitted;
     for (size_t i = 0; i < items.size(); ++i)
-      if (status[i].ok()) admitted.push_back(items[i]);  // may throw again: then they leak
+      if (status[i].ok()) admitted.push_back(items[i]);  // reserved: no allocation
     pending_->RemoveItems(admitted);
     status.assign(items.size(), QueueFailure(e));
     sink->Done(items, status);
@@ -58,15 +61,20 @@ void DecodeAdmission::Submit(absl::Span<DecodeItem* const> items, DecodeSink* si
   if (!refused.empty()) sink->Done(refused, refused_status);
   if (units.empty()) return;
   if (units.size() == 1 && items.size() == 1) {
-    DecodeWork work = std::move(units[0]);
-    absl::Status queued = batcher_->SubmitDecode(std::move(work), claim);
-    // A refused unit is left intact by the batcher, but it was moved into the call:
-    // `units[0]` keeps its items and sink (moving an inlined vector copies it).
+    absl::Status queued;
+    try {
+      queued = batcher_->SubmitDecode(std::move(units[0]), claim);
+    } catch (const std::exception& e) {  // bad_alloc before it was queued
+      queued = QueueFailure(e);
+    }
+    // Refused: the unit was moved into the call, so it is rebuilt to be answered here
+    // (its one item, its sink and its pending count).
     if (!queued.ok()) {
-      units[0].items.assign(items.begin(), items.end());
-      units[0].sink = sink;
-      units[0].pending = pending_;
-      Complete(units[0], {&queued, 1});
+      DecodeWork refused_unit;
+      refused_unit.items.push_back(items[0]);  // inline storage: no allocation
+      refused_unit.sink = sink;
+      refused_unit.pending = pending_;
+      Complete(refused_unit, {&queued, 1});
     }
     return;
   }
@@ -84,7 +92,7 @@ void DecodeAdmission::Submit(absl::Span<DecodeItem* const> items, DecodeSink* si
 void DecodeAdmission::BuildUnits(absl::Span<DecodeItem* const> items,
                                  std::vector<absl::Status>& status, DecodeSink* sink,
                                  Clock::time_point deadline, const std::function<bool()>& cancelled,
-                                 std::vector<DecodeItem*>* refused,
+                                 bool whole_batch, std::vector<DecodeItem*>* refused,
                                  std::vector<absl::Status>* refused_status,
                                  std::vector<DecodeWork>* units) const {
   const size_t max_items = static_cast<size_t>(batcher_->max_batch_size());
@@ -114,7 +122,7 @@ void DecodeAdmission::BuildUnits(absl::Span<DecodeItem* const> items,
     }
     unit->items.push_back(item);
   }
-  if (unit != nullptr) unit->closes_batch = true;
+  if (unit != nullptr) unit->closes_batch = whole_batch;
 }
 
 }  // namespace sds::server

@@ -24,21 +24,25 @@ class DecodeAdmission {
   // item's sequence must exist (NOT_FOUND) and its position follow its layer's length
   // plus the tokens queued for it (FAILED_PRECONDITION). The admitted items go to the
   // batcher as units in order, each of at most Batcher::max_batch_size items and at most
-  // one per (sequence, layer), in one step (with --eager_batching the last one closes its
-  // batch: a call's items stay together). Every item is answered exactly once through
-  // sink->Done; one refused here is answered at once, from this thread. The items, the
-  // data their bytes view and `sink` must outlive their Done. `claim` (single-item calls
-  // only): see Batcher::SubmitDecode. Does not throw.
+  // one per (sequence, layer), in one step. `whole_batch`: the call carries the runner's
+  // whole batch (DecodeBatch, DecodeLayer), so with --eager_batching its last unit closes
+  // its batch at once; a Decode or DecodeStream item waits to be batched with others.
+  // Every item is answered exactly once through sink->Done; one refused here is answered
+  // at once, from this thread. The items, the data their bytes view and `sink` must
+  // outlive their Done. `claim` (single-item calls only): see Batcher::SubmitDecode.
+  // Does not throw.
   void Submit(absl::Span<DecodeItem* const> items, DecodeSink* sink, Clock::time_point deadline,
-              const std::function<bool()>& cancelled, Batcher::SubmitterRun* claim = nullptr) const;
+              const std::function<bool()>& cancelled, bool whole_batch,
+              Batcher::SubmitterRun* claim = nullptr) const;
 
  private:
   // The admitted items (status[i] OK) as units in order, the others with their status
   // in `refused`. May throw (bad_alloc).
   void BuildUnits(absl::Span<DecodeItem* const> items, std::vector<absl::Status>& status,
                   DecodeSink* sink, Clock::time_point deadline,
-                  const std::function<bool()>& cancelled, std::vector<DecodeItem*>* refused,
-                  std::vector<absl::Status>* refused_status, std::vector<DecodeWork>* units) const;
+                  const std::function<bool()>& cancelled, bool whole_batch,
+                  std::vector<DecodeItem*>* refused, std::vector<absl::Status>* refused_status,
+                  std::vector<DecodeWork>* units) const;
 
   Batcher* batcher_;
   const PagedKvCache* cache_;

@@ -139,9 +139,9 @@ void Executor::RunDecodeBatch(StagingBuffer& staging, std::vector<DecodeWork>& u
       }
       Complete(unit, absl::Span<const absl::Status>(status).subspan(first, unit.items.size()));
     } catch (const std::exception& e) {
-      spdlog::critical(
-          "decode batch: exception from the completion of a unit of {} ('{}' first): {}",
-          unit.items.size(), unit.items[0]->key, e.what());
+      // Not its items' keys: a completion may have freed them before it threw.
+      spdlog::critical("decode batch: exception from the completion of a unit of {}: {}",
+                       unit.items.size(), e.what());
     }
   }
 }

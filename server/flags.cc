@@ -213,10 +213,8 @@ absl::Status ReadCallerAuth(ServerOptions* opt) {
   }
   absl::StatusOr<CallerAuth> made = CallerAuth::Create(auth);
   if (!made.ok()) return made.status();
-  if (!file.empty() || !env.empty()) {
-    if (made->num_tokens() == (auth.single_token.empty() ? 0u : 1u)) {
-      return Bad(absl::StrCat(auth.where, " holds no token"));
-    }
+  if ((!file.empty() || !env.empty()) && made->num_tokens() == 0) {
+    return Bad(absl::StrCat(auth.where, " holds no token"));
   }
   opt->auth = *std::move(made);
   return absl::OkStatus();

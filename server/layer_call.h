@@ -4,8 +4,8 @@
 // caller's tenant, inside the region, the size the shape needs, outputs in host memory
 // and overlapping nothing else). Then each item becomes one DecodeItem (work.h) whose
 // tensor bytes are views into the packed tensors (inline bytes or mapped shared memory),
-// checked (NaN/Inf, index range), admitted and answered on its own, exactly as an item of
-// a DecodeBatch; the call is the items' DecodeSink: the executor writes each answer
+// checked (NaN/Inf, index range) and admitted as an item of a DecodeBatch is, each with
+// its own outcome; the call is the items' DecodeSink: the executor writes each answer
 // through it, into the caller's region or the response.
 #pragma once
 

@@ -142,7 +142,7 @@ bool LoopbackOnly(const std::string& address) {
 
 // Loud lines for a server that anyone on the network may call or read.
 void WarnAboutExposure(const ServerOptions& opt) {
-  if (!LoopbackOnly(opt.listen) && opt.tls.cert_file.empty() && !opt.auth.bound()) {
+  if (!LoopbackOnly(opt.listen) && opt.tls.cert_file.empty() && !opt.auth.required()) {
     spdlog::warn(
         "*** gRPC listens on {} beyond loopback without TLS and without tokens: anyone who "
         "reaches the port can read and write every sequence (--tls_cert_file, "
@@ -153,8 +153,8 @@ void WarnAboutExposure(const ServerOptions& opt) {
                  opt.listen);
   }
   if (!opt.metrics_listen.empty() && !LoopbackOnly(opt.metrics_listen)) {
-    // Plain HTTP: bookworm's civetweb 1.15 crashed on its first HTTPS connection with
-    // OpenSSL 3, so TLS for /metrics belongs in front of it (server/README.md).
+    // Plain HTTP only: civetweb's HTTPS is not usable with the packaged OpenSSL 3
+    // (server/README.md), so TLS for /metrics belongs in front of it.
     spdlog::warn(
         "/metrics listens on {} beyond loopback over plain HTTP, without a token: bind it to a "
         "pod-internal address or put TLS in front of it",

@@ -58,6 +58,11 @@ void PendingWrites::CheckAndAddItems(const PagedKvCache& cache, absl::Span<Decod
   }
 }
 
+void PendingWrites::Reserve(size_t items) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.reserve(pending_.size() + items);
+}
+
 void PendingWrites::RemoveItems(absl::Span<DecodeItem* const> items) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const DecodeItem* item : items) {

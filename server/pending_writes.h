@@ -38,6 +38,9 @@ class PendingWrites {
   // item that fails is not counted, and its incarnation is left as it was.
   void CheckAndAddItems(const PagedKvCache& cache, absl::Span<DecodeItem* const> items,
                         absl::Span<absl::Status> status);
+  // Room for `items` more entries, so that CheckAndAddItems of that many allocates
+  // nothing (may throw bad_alloc, before anything is counted).
+  void Reserve(size_t items);
   // One queued token of each item gone (the unit was answered).
   void RemoveItems(absl::Span<DecodeItem* const> items);
 
@@ -55,9 +58,9 @@ class PendingWrites {
   absl::flat_hash_map<Key, int64_t> pending_;  // tokens queued
 };
 
-// Tokens added to PendingWrites and not yet owned by a queued work item's `done` (which
-// removes them when the item completes). The destructor removes them unless Release()
-// was called, so an error or an exception (bad_alloc) between the Add and a successful
+// Tokens of an AppendKV added to PendingWrites and not yet owned by its queued work's
+// `done` (which removes them when the prefill completes). The destructor removes them unless
+// Release() was called, so an error or an exception (bad_alloc) between the Add and a successful
 // submit cannot leave the count too high for good.
 class PendingHold {
  public:

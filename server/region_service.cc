@@ -141,7 +141,7 @@ void DecodeServiceImpl::RunLayerCall(const std::string& tenant,
   // Every item is answered through the call's Done (those that failed their checks here
   // at once); the valid ones are queued in one step.
   if (!invalid.empty()) sink->Done(invalid, invalid_status);
-  admission_.Submit(valid, sink, deadline, cancelled);
+  admission_.Submit(valid, sink, deadline, cancelled, /*whole_batch=*/true);
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeLayer(grpc::CallbackServerContext* context,

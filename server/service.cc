@@ -283,7 +283,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext*
         call.reset();  // the call keeps itself until its item is done
         admission_.Submit(
             {&item, 1}, sink, DeadlineOf(*context), [context] { return context->IsCancelled(); },
-            &run);
+            /*whole_batch=*/false, &run);
         // The request is answered through the call now: an exception reaching Serve
         // would finish the call a second time.
         try {
@@ -346,8 +346,9 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::DecodeBatch(grpc::CallbackServerCon
         }
         call.reset();  // the call keeps itself until its last item is done
         if (!invalid.empty()) sink->Done(invalid, invalid_status);
-        admission_.Submit(valid, sink, DeadlineOf(*context),
-                          [context] { return context->IsCancelled(); });
+        admission_.Submit(
+            valid, sink, DeadlineOf(*context), [context] { return context->IsCancelled(); },
+            /*whole_batch=*/true);
       },
       /*count_rpc=*/false);
 }

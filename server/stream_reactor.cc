@@ -206,7 +206,8 @@ void DecodeStreamReactor::Submit(Call* call, Batcher::SubmitterRun* run) {
   // Answered through the call's Done from here, a refusal included.
   DecodeItem* item = &call->item;
   env_.admission->Submit(
-      {&item, 1}, call, DeadlineOf(*context_), [this] { return context_->IsCancelled(); }, run);
+      {&item, 1}, call, DeadlineOf(*context_), [this] { return context_->IsCancelled(); },
+      /*whole_batch=*/false, run);
 }
 
 void DecodeStreamReactor::Completed(Call* call, const absl::Status& status) {

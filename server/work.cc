@@ -9,9 +9,9 @@ namespace sds::server {
 void Complete(DecodeWork& work, absl::Span<const absl::Status> status) {
   if (work.pending != nullptr) work.pending->RemoveItems(work.items);
   if (status.size() == 1 && work.items.size() != 1) {
-    // One status for all: the rare path (the queue refused, expired or stopped the unit).
-    const std::vector<absl::Status> all(work.items.size(), status[0]);
-    work.sink->Done(work.items, all);
+    // One status for all (the queue refused, expired or stopped the unit): one Done per
+    // item, which allocates nothing (a sink takes its items in any number of Done calls).
+    for (DecodeItem* item : work.items) work.sink->Done({&item, 1}, status);
     return;
   }
   work.sink->Done(work.items, status);

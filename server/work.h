@@ -79,7 +79,8 @@ class DecodeSink {
   // leaves the cache as if the item was never sent).
   virtual absl::Status Write(int32_t index, const BatchInfo& batch, const uint16_t* out,
                              const float* lse) = 0;
-  // Once per unit, with every item's outcome: status[i] is items[i]'s.
+  // With the outcome of some of a unit's items, status[i] items[i]'s: once per unit, or
+  // once per item when one status answers them all (a unit refused or expired whole).
   virtual void Done(absl::Span<DecodeItem* const> items, absl::Span<const absl::Status> status) = 0;
 };
 
@@ -94,12 +95,14 @@ struct DecodeWork {
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point enqueued;       // set by the batcher
   std::function<bool()> cancelled;  // optional: the caller gave up (not run, CANCELLED)
-  bool closes_batch = false;        // the last unit of a multi-item call (eager batching)
+  // The last unit of a call that carries the runner's whole batch (DecodeBatch,
+  // DecodeLayer): with eager batching its batch closes at once.
+  bool closes_batch = false;
   int32_t size() const { return static_cast<int32_t>(items.size()); }
 };
 
 // Answers `work`: its pending counts removed, then its sink's Done. `status` holds one
-// status per item, or one for all of them.
+// status per item, or one for all of them. Allocates nothing.
 void Complete(DecodeWork& work, absl::Span<const absl::Status> status);
 
 // Prefill: n tokens of one layer, no attention; checked (validate.h).

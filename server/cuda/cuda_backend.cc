@@ -447,8 +447,7 @@ class CudaBackend : public Backend {
     if (device_rows && a.num_tokens != d.num_requests)
       return absl::InternalError("CUDA backend: device rows need one appended token per request");
     // Every row on the device: its q, gate, new K/V and indices are the gather's alone, so
-    // their staging rows (never filled) are not sent; at the seed shape that is 9.4 MB of
-    // host-to-device copy per batch of 256.
+    // their staging rows (never filled) are not sent, only given room on the device.
     bool all_device_rows = device_rows;
     for (int32_t r = 0; r < d.num_requests && all_device_rows; ++r)
       all_device_rows = d.device_rows[r].q != nullptr;

@@ -151,6 +151,13 @@ TEST(Tenancy, ABadTokenListFailsAtStart) {
       dir.File("twice", std::string("A ") + kTokenA + "\nB " + kTokenA + "\n");
   EXPECT_EQ(RunServerToExit({"--auth_tokens_file=" + twice}, &output), 2) << output;
   EXPECT_NE(output.find("given twice"), std::string::npos) << output;
+  const std::string good = dir.File("good", std::string("A ") + kTokenA + "\n");
+  EXPECT_EQ(RunServerToExit({"--auth_tokens_file=" + good, "--auth_token=" + std::string(kTokenB),
+                             "--check_flags"},
+                            &output),
+            2)
+      << output;
+  EXPECT_NE(output.find("not both"), std::string::npos) << output;
   setenv("SDS_TENANCY_TEST_TOKENS", (std::string("A ") + kTokenA).c_str(), 1);
   EXPECT_EQ(
       RunServerToExit({"--auth_tokens_env=SDS_TENANCY_TEST_TOKENS", "--check_flags"}, &output), 0)

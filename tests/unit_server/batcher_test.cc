@@ -934,7 +934,7 @@ TEST_F(BatcherTest, AdmissionSplitsACallIntoUnitsInOrder) {
   TestCall call(stack_.model, specs);
   std::vector<DecodeItem*> items;
   for (DecodeItem& item : call.items) items.push_back(&item);
-  admission.Submit(items, &call, Clock::time_point::max(), nullptr);
+  admission.Submit(items, &call, Clock::time_point::max(), nullptr, /*whole_batch=*/true);
   ASSERT_TRUE(call.done.WaitForNotificationWithTimeout(kWait));
   for (size_t i = 0; i < specs.size(); ++i)
     EXPECT_TRUE(call.status[i].ok()) << i << ": " << call.status[i];
@@ -945,6 +945,41 @@ TEST_F(BatcherTest, AdmissionSplitsACallIntoUnitsInOrder) {
   auto length = stack_.backend->cache().Length("s", 0);
   ASSERT_TRUE(length.ok()) << length.status();
   EXPECT_EQ(*length, 3);
+}
+
+// Single-item calls (Decode, DecodeStream) do not close their batch under eager
+// batching: submitted while a batch runs on the executor thread, two of them wait for it
+// and then run together (each closing its own batch at once was the bug).
+TEST_F(BatcherTest, SingleItemCallsWaitToBeBatchedTogether) {
+  Start(false, {}, std::chrono::seconds(5));  // only the batch in flight's end closes theirs
+  PendingWrites pending;
+  DecodeAdmission admission(batcher_.get(), &stack_.backend->cache(), &pending);
+  absl::Notification held, release;
+  std::shared_ptr<Record> hold = SubmitControl(&held, &release);  // holds the assembler
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(kWait));
+  auto entered = std::make_shared<absl::Notification>();
+  absl::Notification release_decode;
+  // Behind it: a decode held inside its run, then control work that makes the assembler
+  // hand that decode to the executor thread.
+  std::shared_ptr<Record> running = SubmitHeldDecode("held", 0, entered, &release_decode);
+  std::shared_ptr<Record> control = SubmitControl();
+  release.Notify();
+  Wait(hold);
+  ASSERT_TRUE(entered->WaitForNotificationWithTimeout(kWait));
+  for (const char* id : {"p", "q"}) ASSERT_TRUE(stack_.backend->cache().CreateSequence(id, 0).ok());
+  TestCall call(stack_.model, {{"p", 0}, {"q", 0}});
+  for (DecodeItem& item : call.items) {
+    DecodeItem* one = &item;
+    admission.Submit({&one, 1}, &call, Clock::time_point::max(), nullptr, /*whole_batch=*/false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time to close it alone
+  }
+  release_decode.Notify();
+  Wait(running);
+  Wait(control);
+  ASSERT_TRUE(call.done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(running->thread, "sds-executor");
+  EXPECT_TRUE(call.status[0].ok() && call.status[1].ok()) << call.status[0] << call.status[1];
+  EXPECT_EQ(call.batch_id[0], call.batch_id[1]) << "each call closed a batch of its own";
 }
 
 }  // namespace
