@@ -143,8 +143,8 @@ DecodeServiceImpl::DecodeServiceImpl(ServiceConfig config, Backend* backend, Bat
       backend_(backend),
       batcher_(batcher),
       metrics_(metrics),
-      regions_(config_.region_limits),
       encoder_(config_.model),
+      regions_(config_.region_limits),
       admission_(batcher, &backend->cache(), &pending_) {
   if (config_.answer_threads > 0)
     answer_pool_ = std::make_unique<TaskPool>(config_.answer_threads, "sds-answer");

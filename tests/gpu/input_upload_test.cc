@@ -102,7 +102,9 @@ TEST(InputUpload, AnInputWithoutHostMemoryGetsRoomAndNoCopy) {
   ASSERT_TRUE(upload.Stage(inputs, &dev).ok());
   for (size_t i = 0; i < sizes.size(); ++i) {
     Check(cudaMemsetAsync(dev[i], 0xA5, sizes[i], stream), "poison");
-    if (i % 2 == 1) EXPECT_EQ(dev[i], own[i]->get()) << i;
+    if (i % 2 == 1) {
+      EXPECT_EQ(dev[i], own[i]->get()) << i;
+    }
   }
   ASSERT_TRUE(upload.Send(stream).ok());
   Check(cudaStreamSynchronize(stream), "sync");

@@ -929,7 +929,9 @@ TEST_F(BatcherTest, AdmissionSplitsACallIntoUnitsInOrder) {
   for (int i = 0; i < 10; ++i) specs.emplace_back("t" + std::to_string(i), 0);
   specs.emplace_back("s", 2);
   for (const auto& [id, position] : specs) {
-    if (position == 0) ASSERT_TRUE(stack_.backend->cache().CreateSequence(id, 0).ok());
+    if (position == 0) {
+      ASSERT_TRUE(stack_.backend->cache().CreateSequence(id, 0).ok());
+    }
   }
   TestCall call(stack_.model, specs);
   std::vector<DecodeItem*> items;
