@@ -42,7 +42,7 @@ class UnaryDecodeCall final : public DecodeSink {
  public:
   UnaryDecodeCall(size_t arena_bytes, const AnswerEncoder* encoder, grpc::ByteBuffer* reply,
                   Finisher finished)
-      : raw(arena_bytes), encoder_(encoder), reply_(reply), finished_(std::move(finished)) {}
+      : raw(arena_bytes), encoder_(encoder), reply_(reply), finished_(finished) {}
 
   absl::Status Write(int32_t, const BatchInfo& batch, const uint16_t* out,
                      const float* lse) override {
@@ -75,7 +75,7 @@ class BatchDecodeCall final : public DecodeSink {
         encoder_(encoder),
         metrics_(metrics),
         reply_(reply),
-        finished_(std::move(finished)) {}
+        finished_(finished) {}
 
   // After Parse: every item and response slot exists before the first can complete.
   void Prepare() {

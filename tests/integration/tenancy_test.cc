@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/server_process.h"
@@ -33,7 +34,7 @@ class TempDir {
     if (!path_.empty()) std::system(("rm -rf '" + path_ + "'").c_str());
   }
   std::string File(const std::string& name, const std::string& text) const {
-    const std::string path = path_ + "/" + name;
+    std::string path = absl::StrCat(path_, "/", name);
     std::ofstream(path) << text;
     chmod(path.c_str(), 0600);
     return path;
@@ -185,21 +186,21 @@ bool Shell(const std::string& command) { return std::system(command.c_str()) == 
 TEST(Tenancy, MutualTlsTakesTheTenantFromTheClientCertificate) {
   if (!Shell("command -v openssl >/dev/null 2>&1")) GTEST_SKIP() << "no openssl";
   TempDir dir;
-  const std::string d = dir.path();
+  const std::string& d = dir.path();
   const std::string quiet = " >/dev/null 2>&1";
-  ASSERT_TRUE(Shell("cd " + d +
-                    " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca "
-                    "-keyout ca.key -out ca.pem" +
-                    quiet));
+  ASSERT_TRUE(Shell(absl::StrCat("cd ", d,
+                                 " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "
+                                 "/CN=test-ca -keyout ca.key -out ca.pem",
+                                 quiet)));
   for (const std::string& who : {std::string("server"), std::string("client")}) {
     const std::string cn = who == "server" ? "localhost" : "tenant-x";
-    ASSERT_TRUE(Shell("cd " + d + " && openssl req -newkey rsa:2048 -nodes -subj /CN=" + cn +
-                      " -keyout " + who + ".key -out " + who + ".csr" + quiet));
+    ASSERT_TRUE(Shell(absl::StrCat("cd ", d, " && openssl req -newkey rsa:2048 -nodes -subj /CN=",
+                                   cn, " -keyout ", who, ".key -out ", who, ".csr", quiet)));
     const std::string ext = who == "server" ? " -extfile san.cnf" : "";
     if (who == "server") dir.File("san.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
-    ASSERT_TRUE(Shell("cd " + d + " && openssl x509 -req -in " + who +
-                      ".csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out " + who + ".pem" +
-                      ext + quiet));
+    ASSERT_TRUE(Shell(absl::StrCat("cd ", d, " && openssl x509 -req -in ", who,
+                                   ".csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out ",
+                                   who, ".pem", ext, quiet)));
   }
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = Slurp(d + "/ca.pem");
