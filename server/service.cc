@@ -5,7 +5,6 @@
 #include <memory>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "server/auth.h"
@@ -201,14 +200,9 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::CreateSequence(grpc::CallbackServer
         absl::Status s = backend_->cache().CreateSequence(key, request.reserve_tokens(), tenant);
         if (s.code() == absl::StatusCode::kAlreadyExists) {
           s = absl::AlreadyExistsError(absl::StrCat("sequence '", id, "' already exists"));
-        } else if (s.code() == absl::StatusCode::kResourceExhausted &&
-                   absl::StrContains(s.message(), "tenant")) {
-          // A tenant limit: its message names it; the pool may have room.
-        } else if (s.code() == absl::StatusCode::kResourceExhausted) {
-          s = absl::ResourceExhaustedError(absl::StrCat("cache full: cannot reserve ",
-                                                        request.reserve_tokens(), " tokens for '",
-                                                        id, "': ", s.message()));
         }
+        // RESOURCE_EXHAUSTED as the cache words it: the pool ("KV cache full") or the
+        // tenant's limit, each naming what ran out.
         if (s.ok()) {
           const int64_t page = config_.info.page_size();
           response->set_reserved_pages((request.reserve_tokens() + page - 1) / page);
